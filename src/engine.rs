@@ -1,0 +1,336 @@
+//! [`Engine`]: a handle to one reactor thread and its bounce pool.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{channel, sync_channel};
+
+use crate::buf::arena::{BounceArena, MIN_SLOT};
+use crate::error::{Context, Error, OpKind, Result};
+use crate::file::{File, OpenOptions};
+use crate::reactor::doorbell::Doorbell;
+use crate::reactor::op::{NoTransfer, OpFuture};
+use crate::reactor::{EngineShared, Msg, Reactor, ReactorConfig, SubmitMsg};
+use crate::uring::Driver;
+use crate::uring::pread::PreadDriver;
+use crate::uring::ring::UringDriver;
+
+/// Which kernel interface serves an engine's I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Backend {
+    /// io_uring where it can be set up, else the pread pool (and the reason is recorded).
+    #[default]
+    Auto,
+    /// io_uring only; building the engine fails where it is unavailable.
+    Uring,
+    /// The pread/pwrite thread pool.
+    Pread,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "uring" | "io_uring" => Ok(Backend::Uring),
+            "pread" => Ok(Backend::Pread),
+            other => Err(format!("unknown backend {other:?} (auto, uring, pread)")),
+        }
+    }
+}
+
+/// What an engine runs on, and why.
+#[derive(Debug, Clone)]
+pub struct BackendInfo {
+    /// `io_uring` or `pread`.
+    pub name: &'static str,
+    /// Flags, buffer registration, and for a fallback the reason io_uring was not used.
+    pub detail: String,
+}
+
+/// Settings for [`Engine`]. Defaults follow DESIGN.md's performance model.
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    chunk_size: usize,
+    queue_depth: usize,
+    bounce_slots: usize,
+    backend: Backend,
+    pread_threads: Option<usize>,
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        EngineBuilder {
+            chunk_size: 4 << 20,
+            queue_depth: 64,
+            bounce_slots: 32,
+            backend: Backend::Auto,
+            pread_threads: None,
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// Largest piece one I/O moves (default 4 MiB; a multiple of 4096, at most 1 GiB).
+    pub fn chunk_size(mut self, bytes: usize) -> Self {
+        self.chunk_size = bytes;
+        self
+    }
+
+    /// Most I/Os in the kernel at once (default 64).
+    pub fn queue_depth(mut self, n: usize) -> Self {
+        self.queue_depth = n;
+        self
+    }
+
+    /// Bounce pool size in chunk-sized blocks (default 32, i.e. 128 MiB with 4 MiB chunks).
+    /// Small requests take 4 KiB-granular pieces of a block, so this bounds bytes, not ops.
+    pub fn bounce_slots(mut self, n: usize) -> Self {
+        self.bounce_slots = n;
+        self
+    }
+
+    /// Kernel interface (default [`Backend::Auto`]).
+    pub fn backend(mut self, b: Backend) -> Self {
+        self.backend = b;
+        self
+    }
+
+    /// Threads of the pread pool, when it serves (default: the queue depth, at most 64).
+    pub fn pread_threads(mut self, n: usize) -> Self {
+        self.pread_threads = Some(n);
+        self
+    }
+
+    /// Starts the reactor thread.
+    pub fn build(self) -> Result<Engine> {
+        let ctx = || Context::op(OpKind::Setup);
+        if self.chunk_size < MIN_SLOT || self.chunk_size % MIN_SLOT != 0 || self.chunk_size > 1 << 30
+        {
+            return Err(Error::invalid(
+                ctx(),
+                format!(
+                    "chunk size {} must be a multiple of 4096 between 4 KiB and 1 GiB",
+                    self.chunk_size
+                ),
+            ));
+        }
+        if !(1..=32768).contains(&self.queue_depth) {
+            return Err(Error::invalid(ctx(), "queue depth must be 1..=32768"));
+        }
+        if !(1..=u16::MAX as usize).contains(&self.bounce_slots) {
+            return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
+        }
+        let block = self.chunk_size.next_power_of_two();
+        let arena = Arc::new(
+            BounceArena::new(block, self.bounce_slots)
+                .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?,
+        );
+        let doorbell =
+            Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
+        let (tx, rx) = channel::<Msg>();
+        let shared = Arc::new(EngineShared::new(tx, doorbell.clone(), arena.clone()));
+        let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
+        let backend = self.backend;
+        let threads = self.pread_threads.unwrap_or(self.queue_depth.min(64));
+        let qd = self.queue_depth;
+        let reactor_shared = shared.clone();
+        let cfg = ReactorConfig {
+            chunk_size: self.chunk_size,
+            queue_depth: self.queue_depth,
+        };
+        let spawned = std::thread::Builder::new()
+            .name("gpuio-reactor".into())
+            .spawn(move || {
+                let driver = match make_driver(backend, qd, threads, &arena, &doorbell) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let _ = setup_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let info = BackendInfo {
+                    name: driver.name(),
+                    detail: driver.describe(),
+                };
+                tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
+                let _ = setup_tx.send(Ok(info));
+                Reactor::new(rx, driver, reactor_shared, cfg).run_to_end();
+            })
+            .map_err(|e| Error::io(ctx(), e))?;
+        let info = match setup_rx.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(e)) => {
+                let _ = spawned.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = spawned.join();
+                return Err(Error::ReactorDied {
+                    ctx: Box::new(ctx()),
+                    reason: "reactor thread exited during setup".into(),
+                });
+            }
+        };
+        Ok(Engine {
+            inner: Arc::new(EngineInner {
+                shared,
+                info,
+                chunk_size: self.chunk_size,
+                queue_depth: self.queue_depth,
+                bounce_bytes: block * self.bounce_slots,
+            }),
+        })
+    }
+}
+
+fn make_driver(
+    backend: Backend,
+    qd: usize,
+    threads: usize,
+    arena: &BounceArena,
+    doorbell: &Arc<Doorbell>,
+) -> Result<Driver> {
+    let ctx = || Context::op(OpKind::Setup);
+    let uring = || {
+        // SAFETY: the arena is kept alive by the reactor (and every op) for longer than the
+        // driver, which the reactor drops first.
+        unsafe { UringDriver::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd()) }
+    };
+    let pool = |reason: String| {
+        PreadDriver::new(threads, doorbell.clone(), reason)
+            .map(Driver::Pread)
+            .map_err(|e| Error::io(ctx().with_backend("pread"), e))
+    };
+    match backend {
+        Backend::Uring => uring().map(Driver::Uring).map_err(|e| {
+            Error::unsupported(
+                ctx().with_backend("io_uring"),
+                format!("{e}; use Backend::Auto or Backend::Pread to fall back"),
+            )
+        }),
+        Backend::Pread => pool(String::new()),
+        Backend::Auto => match uring() {
+            Ok(d) => Ok(Driver::Uring(d)),
+            Err(e) => {
+                let reason = format!("io_uring unavailable: {e}");
+                tracing::warn!(%reason, "gpuio falls back to the pread pool");
+                pool(reason)
+            }
+        },
+    }
+}
+
+struct EngineInner {
+    shared: Arc<EngineShared>,
+    info: BackendInfo,
+    chunk_size: usize,
+    queue_depth: usize,
+    bounce_bytes: usize,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // Last handle gone: the reactor sees its channel close, drains and exits by itself.
+        self.shared.close();
+    }
+}
+
+/// A handle to one reactor thread. Cheap to clone; `Send + Sync`.
+///
+/// The reactor stops when [`shutdown`](Engine::shutdown) is awaited or the last handle (engines
+/// and files) is dropped; either way everything in flight is cancelled and drained first.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.inner.info.name)
+            .field("chunk_size", &self.inner.chunk_size)
+            .field("queue_depth", &self.inner.queue_depth)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Settings for a new engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// An engine with default settings.
+    pub fn new() -> Result<Engine> {
+        Engine::builder().build()
+    }
+
+    /// Which backend serves this engine and why.
+    pub fn backend(&self) -> &BackendInfo {
+        &self.inner.info
+    }
+
+    /// Chunk size in bytes.
+    pub fn chunk_size(&self) -> usize {
+        self.inner.chunk_size
+    }
+
+    /// Queue depth.
+    pub fn queue_depth(&self) -> usize {
+        self.inner.queue_depth
+    }
+
+    /// Bytes of bounce memory.
+    pub fn bounce_bytes(&self) -> usize {
+        self.inner.bounce_bytes
+    }
+
+    /// Whether the reactor has stopped (after shutdown, or because it died).
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shared.dead.load(Ordering::SeqCst)
+    }
+
+    /// Opens `path` read-only.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<File> {
+        OpenOptions::new().read(true).open(self, path)
+    }
+
+    /// Creates (or truncates) `path` for reading and writing.
+    pub fn create(&self, path: impl AsRef<Path>) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self, path)
+    }
+
+    /// Stops the reactor: new operations fail with [`Error::Shutdown`], operations in flight
+    /// are cancelled and drained, then the ring and the bounce pool are released. Resolves when
+    /// that is done.
+    pub async fn shutdown(&self) -> Result<()> {
+        let fut = OpFuture::with_message(
+            self.inner.shared.clone(),
+            OpKind::Shutdown,
+            NoTransfer,
+            || {
+                Msg::Shutdown(SubmitMsg {
+                    shared: None,
+                    req: None,
+                })
+            },
+        );
+        match fut.await {
+            Ok(_) => Ok(()),
+            // Already stopped: that is what was asked for.
+            Err(Error::Shutdown { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<EngineShared> {
+        &self.inner.shared
+    }
+}

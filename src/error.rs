@@ -1,0 +1,266 @@
+//! The crate's one error type.
+//!
+//! Every error carries a [`Context`]: the operation, the path, the byte offset and the
+//! backend that served it, so a log line alone says what failed where.
+
+use std::fmt;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Result alias used throughout gpuio.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The operation an error belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OpKind {
+    /// Opening or creating a file.
+    Open,
+    /// A read.
+    Read,
+    /// A write.
+    Write,
+    /// `fsync`.
+    Sync,
+    /// A metadata query (`len`, alignment).
+    Stat,
+    /// Starting the engine.
+    Setup,
+    /// Stopping the engine.
+    Shutdown,
+}
+
+impl fmt::Display for OpKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            OpKind::Open => "open",
+            OpKind::Read => "read",
+            OpKind::Write => "write",
+            OpKind::Sync => "sync",
+            OpKind::Stat => "stat",
+            OpKind::Setup => "engine setup",
+            OpKind::Shutdown => "engine shutdown",
+        })
+    }
+}
+
+/// Where an error happened: operation, path, offset and backend.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The operation.
+    pub op: OpKind,
+    /// The file, where there is one.
+    pub path: Option<Arc<Path>>,
+    /// The byte offset of the request, where there is one.
+    pub offset: Option<u64>,
+    /// The backend that served (or would have served) the request, e.g. `io_uring`.
+    pub backend: Option<&'static str>,
+}
+
+impl Context {
+    /// A context naming only the operation.
+    pub fn op(op: OpKind) -> Self {
+        Context {
+            op,
+            path: None,
+            offset: None,
+            backend: None,
+        }
+    }
+
+    pub(crate) fn with_path(mut self, path: &Arc<Path>) -> Self {
+        self.path = Some(path.clone());
+        self
+    }
+
+    pub(crate) fn with_offset(mut self, offset: u64) -> Self {
+        self.offset = Some(offset);
+        self
+    }
+
+    pub(crate) fn with_backend(mut self, backend: &'static str) -> Self {
+        self.backend = Some(backend);
+        self
+    }
+}
+
+impl fmt::Display for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.op)?;
+        if let Some(p) = &self.path {
+            write!(f, " {}", p.display())?;
+        }
+        if let Some(o) = self.offset {
+            write!(f, " at offset {o}")?;
+        }
+        if let Some(b) = self.backend {
+            write!(f, " via {b}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Everything that can go wrong in gpuio.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The operating system (or the kernel, through an io_uring completion) reported an error.
+    #[error("{ctx}: {source}")]
+    Io {
+        /// Where.
+        ctx: Box<Context>,
+        /// The OS error; negative completion results become `from_raw_os_error(-res)`.
+        #[source]
+        source: io::Error,
+    },
+    /// The request itself is invalid (overflowing range, wrong access mode, bad setting).
+    #[error("{ctx}: invalid input: {reason}")]
+    InvalidInput {
+        /// Where.
+        ctx: Box<Context>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `read_exact_at` reached end of file first.
+    #[error("{ctx}: unexpected end of file: wanted {wanted} bytes, file had {got}")]
+    UnexpectedEof {
+        /// Where.
+        ctx: Box<Context>,
+        /// Bytes requested.
+        wanted: u64,
+        /// Bytes available before end of file.
+        got: u64,
+    },
+    /// The machine, the file or the build does not offer what was asked for.
+    #[error("{ctx}: unsupported: {reason}")]
+    Unsupported {
+        /// Where.
+        ctx: Box<Context>,
+        /// Why, and what to do about it where known.
+        reason: String,
+    },
+    /// The engine was shut down before or while the operation ran.
+    #[error("{ctx}: the engine has shut down")]
+    Shutdown {
+        /// Where.
+        ctx: Box<Context>,
+    },
+    /// The reactor thread died (panicked); the engine is unusable.
+    #[error("{ctx}: the reactor thread died: {reason}")]
+    ReactorDied {
+        /// Where.
+        ctx: Box<Context>,
+        /// The panic message, where there was one.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(ctx: Context, source: io::Error) -> Self {
+        Error::Io {
+            ctx: Box::new(ctx),
+            source,
+        }
+    }
+
+    /// An error from a negative io_uring completion result (`-errno`).
+    pub(crate) fn from_cqe(ctx: Context, res: i32) -> Self {
+        Error::io(ctx, io::Error::from_raw_os_error(-res))
+    }
+
+    pub(crate) fn invalid(ctx: Context, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            ctx: Box::new(ctx),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unsupported(ctx: Context, reason: impl Into<String>) -> Self {
+        Error::Unsupported {
+            ctx: Box::new(ctx),
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn shutdown(ctx: Context) -> Self {
+        Error::Shutdown { ctx: Box::new(ctx) }
+    }
+
+    /// The context of this error.
+    pub fn context(&self) -> &Context {
+        match self {
+            Error::Io { ctx, .. }
+            | Error::InvalidInput { ctx, .. }
+            | Error::UnexpectedEof { ctx, .. }
+            | Error::Unsupported { ctx, .. }
+            | Error::Shutdown { ctx }
+            | Error::ReactorDied { ctx, .. } => ctx,
+        }
+    }
+
+    /// The `errno` behind an [`Error::Io`], if any.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            Error::Io { source, .. } => source.raw_os_error(),
+            _ => None,
+        }
+    }
+
+    /// The [`io::ErrorKind`] this error maps to.
+    pub fn kind(&self) -> io::ErrorKind {
+        match self {
+            Error::Io { source, .. } => source.kind(),
+            Error::InvalidInput { .. } => io::ErrorKind::InvalidInput,
+            Error::UnexpectedEof { .. } => io::ErrorKind::UnexpectedEof,
+            Error::Unsupported { .. } => io::ErrorKind::Unsupported,
+            Error::Shutdown { .. } | Error::ReactorDied { .. } => io::ErrorKind::BrokenPipe,
+        }
+    }
+}
+
+impl From<Error> for io::Error {
+    fn from(e: Error) -> io::Error {
+        io::Error::new(e.kind(), e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_op_path_offset_backend() {
+        let path: Arc<Path> = Arc::from(Path::new("/data/x.bin"));
+        let e = Error::from_cqe(
+            Context::op(OpKind::Read)
+                .with_path(&path)
+                .with_offset(4096)
+                .with_backend("io_uring"),
+            -libc::EIO,
+        );
+        let s = e.to_string();
+        assert!(s.starts_with("read /data/x.bin at offset 4096 via io_uring: "), "{s}");
+        assert_eq!(e.raw_os_error(), Some(libc::EIO));
+        let io: io::Error = e.into();
+        assert_eq!(io.kind(), io::Error::from_raw_os_error(libc::EIO).kind());
+        assert!(io.to_string().contains("/data/x.bin"));
+    }
+
+    #[test]
+    fn kinds_map_to_io_kinds() {
+        let ctx = || Context::op(OpKind::Read);
+        assert_eq!(
+            io::Error::from(Error::invalid(ctx(), "x")).kind(),
+            io::ErrorKind::InvalidInput
+        );
+        assert_eq!(
+            io::Error::from(Error::unsupported(ctx(), "x")).kind(),
+            io::ErrorKind::Unsupported
+        );
+        assert_eq!(
+            io::Error::from(Error::shutdown(ctx())).kind(),
+            io::ErrorKind::BrokenPipe
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! [`File`]: an open file (or block device) bound to an [`Engine`], and its async operations.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::buf::arena::MIN_SLOT;
+use crate::buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
+use crate::engine::Engine;
+use crate::error::{Context, Error, OpKind, Result};
+use crate::reactor::op::{NoTransfer, OpFuture};
+use crate::reactor::read::{HostCopyOut, ReadInto};
+use crate::reactor::write::{HostFill, WriteFrom};
+use crate::reactor::OpRequest;
+use crate::uring::align::{self, DirectAlignment};
+use crate::uring::plan::MAX_POS;
+
+/// How to open a file; like `std::fs::OpenOptions`, plus `direct` for O_DIRECT.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    read: bool,
+    write: bool,
+    create: bool,
+    truncate: bool,
+    direct: bool,
+}
+
+impl OpenOptions {
+    /// All options off.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Open for reading.
+    pub fn read(mut self, on: bool) -> Self {
+        self.read = on;
+        self
+    }
+    /// Open for writing.
+    pub fn write(mut self, on: bool) -> Self {
+        self.write = on;
+        self
+    }
+    /// Create the file if missing (needs `write`).
+    pub fn create(mut self, on: bool) -> Self {
+        self.create = on;
+        self
+    }
+    /// Truncate to zero length (needs `write`).
+    pub fn truncate(mut self, on: bool) -> Self {
+        self.truncate = on;
+        self
+    }
+    /// Bypass the page cache (O_DIRECT). Any offset and length still work: gpuio aligns.
+    pub fn direct(mut self, on: bool) -> Self {
+        self.direct = on;
+        self
+    }
+
+    /// Opens `path` on `engine`.
+    pub fn open(&self, engine: &Engine, path: impl AsRef<Path>) -> Result<File> {
+        let path: Arc<Path> = Arc::from(path.as_ref());
+        let ctx = || {
+            Context::op(OpKind::Open)
+                .with_path(&path)
+                .with_backend(engine.backend().name)
+        };
+        if !self.read && !self.write {
+            return Err(Error::invalid(ctx(), "open needs read and/or write access"));
+        }
+        if (self.create || self.truncate) && !self.write {
+            return Err(Error::invalid(ctx(), "create/truncate need write access"));
+        }
+        let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
+        if self.direct {
+            flags |= libc::O_DIRECT;
+        }
+        // O_NONBLOCK so that opening a FIFO cannot hang; it is cleared below for files we serve.
+        let file = std::fs::OpenOptions::new()
+            .read(self.read)
+            .write(self.write)
+            .create(self.create)
+            .truncate(self.truncate)
+            .custom_flags(flags)
+            .open(&path)
+            .map_err(|e| {
+                if self.direct && e.raw_os_error() == Some(libc::EINVAL) {
+                    Error::unsupported(
+                        ctx(),
+                        "the filesystem refuses O_DIRECT; open without `direct`",
+                    )
+                } else {
+                    Error::io(ctx(), e)
+                }
+            })?;
+        let fd: OwnedFd = file.into();
+        let ftype = align::file_type(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
+        if ftype != libc::S_IFREG && ftype != libc::S_IFBLK {
+            let what = match ftype {
+                libc::S_IFDIR => "a directory",
+                libc::S_IFIFO => "a FIFO",
+                libc::S_IFSOCK => "a socket",
+                libc::S_IFCHR => "a character device",
+                _ => "not a regular file",
+            };
+            return Err(Error::invalid(
+                ctx(),
+                format!("{what}: gpuio reads regular files and block devices"),
+            ));
+        }
+        clear_nonblock(&fd).map_err(|e| Error::io(ctx(), e))?;
+        let (align, dio) = if self.direct {
+            let a = align::query(fd.as_fd())
+                .map_err(|e| Error::io(ctx(), e))?
+                .ok_or_else(|| {
+                    Error::unsupported(ctx(), "the filesystem reports no direct-I/O support")
+                })?;
+            if a.memory as usize > MIN_SLOT
+                || !(a.offset as u64).is_power_of_two()
+                || a.offset as usize > engine.chunk_size().next_power_of_two()
+            {
+                return Err(Error::unsupported(
+                    ctx(),
+                    format!(
+                        "direct-I/O alignment (memory {}, offset {}) exceeds what the bounce pool \
+                         provides; raise the chunk size or open without `direct`",
+                        a.memory, a.offset
+                    ),
+                ));
+            }
+            (a.offset as u64, Some(a))
+        } else {
+            (1, None)
+        };
+        // Unaligned write edges of an O_DIRECT file go through a buffered twin descriptor.
+        let buffered = if self.direct && self.write {
+            let twin = std::fs::OpenOptions::new()
+                .read(self.read)
+                .write(true)
+                .custom_flags(libc::O_CLOEXEC)
+                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                .or_else(|_| {
+                    std::fs::OpenOptions::new()
+                        .read(self.read)
+                        .write(true)
+                        .custom_flags(libc::O_CLOEXEC)
+                        .open(&path)
+                })
+                .map_err(|e| Error::io(ctx(), e))?;
+            Some(OwnedFd::from(twin))
+        } else {
+            None
+        };
+        Ok(File {
+            inner: Arc::new(FileInner {
+                fd,
+                buffered,
+                path,
+                align,
+                dio,
+                readable: self.read,
+                writable: self.write,
+            }),
+            engine: engine.clone(),
+        })
+    }
+}
+
+fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no memory is passed.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// What the reactor needs of a file; kept alive by every op until its I/O has completed.
+pub(crate) struct FileInner {
+    fd: OwnedFd,
+    buffered: Option<OwnedFd>,
+    pub(crate) path: Arc<Path>,
+    /// Offset alignment for planning: the O_DIRECT alignment, or 1.
+    pub(crate) align: u64,
+    dio: Option<DirectAlignment>,
+    readable: bool,
+    writable: bool,
+}
+
+impl FileInner {
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    pub(crate) fn buffered_raw_fd(&self) -> RawFd {
+        self.buffered.as_ref().unwrap_or(&self.fd).as_raw_fd()
+    }
+}
+
+/// An open file on an [`Engine`]. Cheap to clone; `Send + Sync`; all I/O methods take `&self`,
+/// so one file can serve many concurrent operations.
+#[derive(Clone)]
+pub struct File {
+    inner: Arc<FileInner>,
+    engine: Engine,
+}
+
+impl std::fmt::Debug for File {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("File")
+            .field("path", &self.inner.path)
+            .field("direct", &self.inner.dio.is_some())
+            .finish()
+    }
+}
+
+impl File {
+    /// The path the file was opened with.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Whether the file was opened with O_DIRECT.
+    pub fn is_direct(&self) -> bool {
+        self.inner.dio.is_some()
+    }
+
+    /// The O_DIRECT alignment in force (for `direct` files).
+    pub fn direct_alignment(&self) -> Option<DirectAlignment> {
+        self.inner.dio
+    }
+
+    /// The engine serving this file.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn ctx(&self, op: OpKind, offset: u64) -> Context {
+        Context::op(op)
+            .with_path(&self.inner.path)
+            .with_offset(offset)
+            .with_backend(self.engine.backend().name)
+    }
+
+    /// Current size in bytes (block devices: device size).
+    pub fn len(&self) -> Result<u64> {
+        align::file_len(self.inner.fd.as_fd()).map_err(|e| Error::io(self.ctx(OpKind::Stat, 0), e))
+    }
+
+    /// Whether the file is empty.
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
+    }
+
+    fn check(&self, op: OpKind, offset: u64, len: usize) -> Result<()> {
+        let (ok, what) = match op {
+            OpKind::Read => (self.inner.readable, "read"),
+            _ => (self.inner.writable, "write"),
+        };
+        if !ok {
+            return Err(Error::invalid(
+                self.ctx(op, offset),
+                format!("file was opened without {what} access"),
+            ));
+        }
+        if offset.checked_add(len as u64).is_none_or(|e| e > MAX_POS) {
+            return Err(Error::invalid(
+                self.ctx(op, offset),
+                format!("offset {offset} + length {len} passes the largest file offset"),
+            ));
+        }
+        if self.engine.is_shut_down() {
+            return Err(Error::shutdown(self.ctx(op, offset)));
+        }
+        Ok(())
+    }
+
+    /// Reads `dst.len()` bytes at `offset` into `dst`; returns the bytes read, fewer only at
+    /// end of file. Large requests run as several chunk I/Os in flight at once.
+    ///
+    /// Cancel-safe: dropping (or leaking) the future mid-flight leaves `dst` untouched from
+    /// then on.
+    pub fn read_into<'a, D: ReadDst + ?Sized>(&'a self, dst: &'a mut D, offset: u64) -> ReadInto<'a> {
+        let dst = dst.host_bytes_mut();
+        let len = dst.len();
+        let shared = self.engine.shared().clone();
+        let transfer = HostCopyOut { dst, offset };
+        let early = match self.check(OpKind::Read, offset, len) {
+            Err(e) => Some(Err(e)),
+            Ok(()) if len == 0 => Some(Ok(0)),
+            Ok(()) => None,
+        };
+        let inner = match early {
+            Some(r) => OpFuture::ready(shared, OpKind::Read, transfer, r),
+            None => OpFuture::new(
+                shared,
+                OpRequest::Read {
+                    file: self.inner.clone(),
+                    offset,
+                    len: len as u64,
+                },
+                transfer,
+            ),
+        };
+        ReadInto { inner }
+    }
+
+    /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`].
+    pub async fn read_exact_at<D: ReadDst + ?Sized>(&self, dst: &mut D, offset: u64) -> Result<()> {
+        let wanted = dst.host_bytes_mut().len() as u64;
+        let got = self.read_into(dst, offset).await? as u64;
+        if got < wanted {
+            return Err(Error::UnexpectedEof {
+                ctx: Box::new(self.ctx(OpKind::Read, offset)),
+                wanted,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes all of `src` at `offset`; returns `src.len()` or an error (never a silent short
+    /// write). O_DIRECT files accept any offset and length.
+    pub fn write_from<'a, S: WriteSrc + ?Sized>(&'a self, src: &'a S, offset: u64) -> WriteFrom<'a> {
+        let src = src.host_bytes();
+        let len = src.len();
+        let shared = self.engine.shared().clone();
+        let transfer = HostFill { src, offset };
+        let early = match self.check(OpKind::Write, offset, len) {
+            Err(e) => Some(Err(e)),
+            Ok(()) if len == 0 => Some(Ok(0)),
+            Ok(()) => None,
+        };
+        let inner = match early {
+            Some(r) => OpFuture::ready(shared, OpKind::Write, transfer, r),
+            None => OpFuture::new(
+                shared,
+                OpRequest::Write {
+                    file: self.inner.clone(),
+                    offset,
+                    len: len as u64,
+                },
+                transfer,
+            ),
+        };
+        WriteFrom { inner }
+    }
+
+    /// Reads into an owned buffer (its whole length) and hands it back with the result.
+    pub async fn read_owned<B: IoBufMut>(&self, mut buf: B, offset: u64) -> (Result<usize>, B) {
+        let r = self.read_into(&mut buf, offset).await;
+        (r, buf)
+    }
+
+    /// Writes an owned buffer (its whole length) and hands it back with the result.
+    pub async fn write_owned<B: IoBuf>(&self, buf: B, offset: u64) -> (Result<usize>, B) {
+        let r = self.write_from(&buf, offset).await;
+        (r, buf)
+    }
+
+    /// Flushes data and metadata to stable storage (`fsync`).
+    pub async fn sync_all(&self) -> Result<()> {
+        if self.engine.is_shut_down() {
+            return Err(Error::shutdown(self.ctx(OpKind::Sync, 0)));
+        }
+        OpFuture::new(
+            self.engine.shared().clone(),
+            OpRequest::Sync {
+                file: self.inner.clone(),
+            },
+            NoTransfer,
+        )
+        .await
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,53 @@
+//! # gpuio: async storage I/O into GPU and host memory
+//!
+//! A dedicated reactor thread turns io_uring completions (or, where io_uring is unavailable,
+//! a pread/pwrite thread pool's) into `Send` futures that work under any executor: tokio's
+//! multi-thread and current-thread runtimes, `futures::executor`, or your own.
+//!
+//! ## Quick start
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("weights.bin");
+//! # std::fs::write(&path, vec![7u8; 1 << 20])?;
+//! # let rt = tokio::runtime::Runtime::new()?;
+//! # rt.block_on(async {
+//! let engine = gpuio::Engine::new()?;               // io_uring, or the pread pool
+//! let file = engine.open(&path)?;
+//! let mut buf = vec![0u8; file.len()? as usize];
+//! let n = file.read_into(&mut buf, 0).await?;        // chunked, many I/Os in flight
+//! assert_eq!(n, buf.len());
+//! println!("read {n} bytes via {}", engine.backend().name);
+//! # Ok::<_, gpuio::Error>(()) })?;
+//! # Ok(()) }
+//! ```
+//!
+//! ## What it guarantees
+//! - **Cancel- and leak-safety.** The kernel only ever writes reactor-owned bounce memory; data
+//!   crosses into or out of your buffer only inside the future's own `poll`. Dropping or
+//!   `mem::forget`-ting a future mid-flight never lets anything write your buffer afterwards
+//!   ([`reactor`] explains the argument).
+//! - **Any offset, any length, even with O_DIRECT.** Alignment comes from `statx` and is the
+//!   library's job ([`uring::align`]).
+//! - **Honest errors.** One [`Error`] type naming operation, path, offset and backend; reads past
+//!   end of file return the short count; invalid input is an error, never a panic or a hang.
+//! - **No GPU needed.** CUDA is probed at run time ([`cuda::probe`]); host paths work anywhere.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(missing_docs)]
+
+pub mod buf;
+pub mod cuda;
+mod engine;
+mod error;
+mod file;
+pub mod reactor;
+pub mod uring;
+
+pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
+pub use engine::{Backend, BackendInfo, Engine, EngineBuilder};
+pub use error::{Context, Error, OpKind, Result};
+pub use file::{File, OpenOptions};
+pub use reactor::read::ReadInto;
+pub use reactor::write::WriteFrom;

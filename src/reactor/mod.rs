@@ -1,0 +1,720 @@
+//! The reactor: one thread per engine that owns the kernel interface (an io_uring ring or the
+//! pread pool), the bounce pool, and every operation in flight.
+//!
+//! # Life of a read
+//! A future sends `Msg::Submit` through an MPSC queue and rings the eventfd doorbell if the
+//! reactor sleeps. The reactor plans the request into chunk pieces ([`crate::uring::plan`]),
+//! gives each piece a bounce slot and submits it, up to the queue depth. When a piece
+//! completes, the slot is handed to the future (`OpShared::push_ready`) and its waker woken;
+//! the future's `poll` copies the bytes into the caller's buffer and sends the slot back
+//! (`Msg::Release`). Writes run the other way: the reactor hands out empty slots, `poll`
+//! fills them from the caller's buffer and sends them back (`Msg::Filled`) to be written.
+//!
+//! # Soundness under cancellation and leaks
+//! The kernel (or a pread worker) only ever reads or writes bounce slots, which belong to the
+//! reactor's arena; it is never given caller memory. Caller memory is touched only inside the
+//! future's own `poll`, while the future holds the caller's borrow. Therefore:
+//! - dropping a future mid-flight sends `Msg::Cancel`; pieces still in the kernel complete into
+//!   slots the reactor then frees, and the caller's buffer is already free to reuse;
+//! - leaking a future (`mem::forget`) stops all copies into or out of caller memory, because
+//!   only `poll` copies and nobody polls a forgotten future. Its slots stay allocated (a leak of
+//!   bounce memory, never corruption), and the arena's memory is kept mapped by an `Arc`.
+//! Nothing here relies on `Drop` running.
+//!
+//! # Shutdown
+//! `Engine::shutdown` (or the last engine handle going away) stops new work, fails unstarted
+//! pieces with `Error::Shutdown`, reclaims slots not yet picked up, waits for every piece the
+//! kernel holds to complete, retires the doorbell read, and only then lets the ring and pool
+//! memory go. A panic in the reactor fails every pending operation with `Error::ReactorDied`
+//! and leaks (never frees) memory the kernel may still write.
+
+pub(crate) mod doorbell;
+pub(crate) mod op;
+pub(crate) mod read;
+pub(crate) mod write;
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+
+use slab::Slab;
+
+use crate::buf::arena::{BounceArena, BounceSlot, SlotAllocator};
+use crate::error::{Context, Error, OpKind, Result};
+use crate::file::FileInner;
+use crate::uring::plan::{Piece, ReadPlan, Via, WritePlan};
+use crate::uring::{Completion, Driver, IoKind, IoRequest};
+use doorbell::Doorbell;
+use op::{OpShared, ReadyPiece};
+
+/// What the caller asked for.
+pub(crate) enum OpRequest {
+    Read {
+        file: Arc<FileInner>,
+        offset: u64,
+        len: u64,
+    },
+    Write {
+        file: Arc<FileInner>,
+        offset: u64,
+        len: u64,
+    },
+    Sync {
+        file: Arc<FileInner>,
+    },
+}
+
+impl OpRequest {
+    pub(crate) fn op_kind(&self) -> OpKind {
+        match self {
+            OpRequest::Read { .. } => OpKind::Read,
+            OpRequest::Write { .. } => OpKind::Write,
+            OpRequest::Sync { .. } => OpKind::Sync,
+        }
+    }
+
+    fn file(&self) -> &Arc<FileInner> {
+        match self {
+            OpRequest::Read { file, .. }
+            | OpRequest::Write { file, .. }
+            | OpRequest::Sync { file } => file,
+        }
+    }
+}
+
+/// A submission. If it is dropped unprocessed (the reactor is gone), its op fails with
+/// `Error::Shutdown` instead of leaving the future waiting forever.
+pub(crate) struct SubmitMsg {
+    pub(crate) shared: Option<Arc<OpShared>>,
+    pub(crate) req: Option<OpRequest>,
+}
+
+impl Drop for SubmitMsg {
+    fn drop(&mut self) {
+        if let Some(s) = self.shared.take() {
+            let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
+            if let Some(r) = &self.req {
+                ctx = ctx.with_path(&r.file().path);
+            }
+            s.complete(Err(Error::shutdown(ctx)));
+        }
+    }
+}
+
+/// Messages to the reactor.
+pub(crate) enum Msg {
+    Submit(SubmitMsg),
+    /// Read slots whose data the future has copied out.
+    Release(Vec<BounceSlot>),
+    /// Write slots the future has filled.
+    Filled(Arc<OpShared>, Vec<ReadyPiece>),
+    /// The future was dropped before completion.
+    Cancel(Arc<OpShared>),
+    /// Stop; complete the carried op (if any) when fully drained.
+    Shutdown(SubmitMsg),
+}
+
+/// The part of an engine every handle and future shares.
+pub(crate) struct EngineShared {
+    tx: Mutex<Option<Sender<Msg>>>,
+    pub(crate) doorbell: Arc<Doorbell>,
+    pub(crate) arena: Arc<BounceArena>,
+    pub(crate) dead: AtomicBool,
+}
+
+impl EngineShared {
+    pub(crate) fn new(
+        tx: Sender<Msg>,
+        doorbell: Arc<Doorbell>,
+        arena: Arc<BounceArena>,
+    ) -> Self {
+        EngineShared {
+            tx: Mutex::new(Some(tx)),
+            doorbell,
+            arena,
+            dead: AtomicBool::new(false),
+        }
+    }
+
+    /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
+    /// `SubmitMsg`'s `Drop`).
+    pub(crate) fn send(&self, msg: Msg) {
+        let sent = {
+            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            match tx.as_ref() {
+                Some(tx) => tx.send(msg).is_ok(),
+                None => false,
+            }
+        };
+        if sent {
+            self.doorbell.ring();
+        }
+    }
+
+    /// Drops the sender (the reactor sees the channel close once every handle is gone).
+    pub(crate) fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+enum Plan {
+    Read(ReadPlan),
+    Write(WritePlan),
+    Sync,
+}
+
+impl Plan {
+    fn len(&self) -> usize {
+        match self {
+            Plan::Read(p) => p.len(),
+            Plan::Write(p) => p.len(),
+            Plan::Sync => 1,
+        }
+    }
+
+    fn piece(&self, i: usize) -> Piece {
+        match self {
+            Plan::Read(p) => p.piece(i),
+            Plan::Write(p) => p.piece(i),
+            Plan::Sync => Piece {
+                pos: 0,
+                len: 0,
+                via: Via::Main,
+            },
+        }
+    }
+}
+
+struct OpEntry {
+    shared: Arc<OpShared>,
+    file: Arc<FileInner>,
+    kind: OpKind,
+    plan: Plan,
+    offset: u64,
+    len: u64,
+    /// Next piece to start.
+    next: usize,
+    /// Pieces in the kernel, out for filling, or filled and queued for submission.
+    busy: usize,
+    in_runnable: bool,
+    eof_at: Option<u64>,
+    error: Option<Error>,
+    cancelled: bool,
+}
+
+impl OpEntry {
+    fn stopped(&self) -> bool {
+        self.cancelled || self.error.is_some()
+    }
+
+    fn ctx(&self, offset: u64, backend: &'static str) -> Context {
+        Context::op(self.kind)
+            .with_path(&self.file.path)
+            .with_offset(offset)
+            .with_backend(backend)
+    }
+}
+
+struct InflightIo {
+    op: usize,
+    kind: IoKind,
+    piece: Piece,
+    slot: Option<BounceSlot>,
+    done: usize,
+}
+
+/// Engine-level settings the reactor needs.
+pub(crate) struct ReactorConfig {
+    pub(crate) chunk_size: usize,
+    pub(crate) queue_depth: usize,
+}
+
+pub(crate) struct Reactor {
+    rx: Receiver<Msg>,
+    doorbell: Arc<Doorbell>,
+    driver: Option<Driver>,
+    backend: &'static str,
+    arena: Arc<BounceArena>,
+    slots: SlotAllocator,
+    ops: Slab<OpEntry>,
+    runnable: VecDeque<usize>,
+    ios: Slab<InflightIo>,
+    to_submit: VecDeque<(usize, ReadyPiece)>,
+    out_for_fill: usize,
+    cfg: ReactorConfig,
+    shutting_down: bool,
+    shutdown_waiters: Vec<Arc<OpShared>>,
+    completions: Vec<Completion>,
+    engine: Arc<EngineShared>,
+}
+
+impl Reactor {
+    pub(crate) fn new(
+        rx: Receiver<Msg>,
+        driver: Driver,
+        engine: Arc<EngineShared>,
+        cfg: ReactorConfig,
+    ) -> Self {
+        let arena = engine.arena.clone();
+        Reactor {
+            rx,
+            doorbell: engine.doorbell.clone(),
+            backend: driver.name(),
+            driver: Some(driver),
+            slots: SlotAllocator::new(arena.block_size(), arena.blocks()),
+            arena,
+            ops: Slab::new(),
+            runnable: VecDeque::new(),
+            ios: Slab::new(),
+            to_submit: VecDeque::new(),
+            out_for_fill: 0,
+            cfg,
+            shutting_down: false,
+            shutdown_waiters: Vec::new(),
+            completions: Vec::new(),
+            engine,
+        }
+    }
+
+    /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
+    pub(crate) fn run_to_end(mut self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run()));
+        self.engine.dead.store(true, Ordering::SeqCst);
+        self.engine.close();
+        match outcome {
+            Ok(Ok(())) => {
+                for w in self.shutdown_waiters.drain(..) {
+                    w.complete(Ok(0));
+                }
+            }
+            Ok(Err(e)) => self.die(format!("kernel interface failed: {e}")),
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".to_string());
+                self.die(reason);
+            }
+        }
+        // Whatever is still queued is dropped with the receiver; SubmitMsg's Drop fails it.
+    }
+
+    fn die(&mut self, reason: String) {
+        tracing::error!(%reason, "gpuio reactor died");
+        for (_, op) in self.ops.iter() {
+            op.shared.complete(Err(Error::ReactorDied {
+                ctx: Box::new(op.ctx(op.offset, self.backend)),
+                reason: reason.clone(),
+            }));
+        }
+        for w in self.shutdown_waiters.drain(..) {
+            w.complete(Err(Error::ReactorDied {
+                ctx: Box::new(Context::op(OpKind::Shutdown)),
+                reason: reason.clone(),
+            }));
+        }
+        if !self.ios.is_empty() {
+            // The kernel may still write into bounce slots and the doorbell buffer: never
+            // unmap them. A dead engine leaks its pool; it must not corrupt memory.
+            std::mem::forget(self.driver.take());
+            std::mem::forget(self.arena.clone());
+        }
+    }
+
+    fn run(&mut self) -> std::io::Result<()> {
+        loop {
+            loop {
+                match self.rx.try_recv() {
+                    Ok(m) => self.handle(m),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.begin_shutdown();
+                        break;
+                    }
+                }
+            }
+            self.schedule();
+            if self.shutting_down && self.ops.is_empty() && self.ios.is_empty() {
+                break;
+            }
+            // Announce sleep, then look once more: a producer that pushed before seeing the
+            // flag is caught here, one that pushes after it rings the doorbell.
+            self.doorbell.prepare_sleep();
+            let block = match self.rx.try_recv() {
+                Ok(m) => {
+                    self.doorbell.awake();
+                    self.handle(m);
+                    false
+                }
+                Err(TryRecvError::Empty) => true,
+                Err(TryRecvError::Disconnected) => {
+                    self.doorbell.awake();
+                    self.begin_shutdown();
+                    false
+                }
+            };
+            let driver = self.driver.as_mut().expect("driver present while running");
+            driver.wait(block, &mut self.completions)?;
+            self.doorbell.awake();
+            let done = std::mem::take(&mut self.completions);
+            for c in &done {
+                self.on_completion(*c);
+            }
+            self.completions = done;
+            self.completions.clear();
+        }
+        if let Some(Driver::Uring(d)) = self.driver.as_mut() {
+            let bell = self.doorbell.clone();
+            d.retire_doorbell(move || bell.ring_always())?;
+        }
+        // Dropping the driver closes the ring (or joins the pool) with nothing in flight.
+        self.driver.take();
+        Ok(())
+    }
+
+    fn begin_shutdown(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        let keys: Vec<usize> = self.ops.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let backend = self.backend;
+            let op = &mut self.ops[key];
+            if op.error.is_none() && !op.cancelled {
+                op.error = Some(Error::shutdown(op.ctx(op.offset, backend)));
+            }
+            self.reclaim(key);
+            self.maybe_finish(key);
+        }
+    }
+
+    /// Takes back slots an op's future has not picked up.
+    fn reclaim(&mut self, key: usize) {
+        let op = &mut self.ops[key];
+        let pieces = op.shared.reclaim_ready();
+        let is_write = op.kind == OpKind::Write;
+        for p in pieces {
+            if is_write {
+                op.busy -= 1;
+                self.out_for_fill -= 1;
+            }
+            self.slots.free(p.slot);
+        }
+    }
+
+    fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Submit(mut m) => {
+                let (Some(shared), Some(req)) = (m.shared.take(), m.req.take()) else {
+                    return;
+                };
+                self.accept(shared, req);
+            }
+            Msg::Release(slots) => {
+                for s in slots {
+                    self.slots.free(s);
+                }
+            }
+            Msg::Filled(shared, pieces) => {
+                self.out_for_fill -= pieces.len();
+                let key = shared.key();
+                let live = self
+                    .ops
+                    .get(key)
+                    .is_some_and(|o| Arc::ptr_eq(&o.shared, &shared));
+                for p in pieces {
+                    if live && !self.ops[key].stopped() {
+                        self.to_submit.push_back((key, p));
+                    } else {
+                        if live {
+                            self.ops[key].busy -= 1;
+                        }
+                        self.slots.free(p.slot);
+                    }
+                }
+                if live {
+                    self.maybe_finish(key);
+                }
+            }
+            Msg::Cancel(shared) => {
+                let key = shared.key();
+                if self
+                    .ops
+                    .get(key)
+                    .is_some_and(|o| Arc::ptr_eq(&o.shared, &shared))
+                {
+                    self.ops[key].cancelled = true;
+                    self.reclaim(key);
+                    self.maybe_finish(key);
+                }
+            }
+            Msg::Shutdown(mut waiter) => {
+                self.shutdown_waiters.extend(waiter.shared.take());
+                self.begin_shutdown();
+            }
+        }
+    }
+
+    fn accept(&mut self, shared: Arc<OpShared>, req: OpRequest) {
+        let kind = req.op_kind();
+        let (file, offset, len) = match &req {
+            OpRequest::Read { file, offset, len } | OpRequest::Write { file, offset, len } => {
+                (file.clone(), *offset, *len)
+            }
+            OpRequest::Sync { file } => (file.clone(), 0, 0),
+        };
+        let ctx = Context::op(kind)
+            .with_path(&file.path)
+            .with_offset(offset)
+            .with_backend(self.backend);
+        if self.shutting_down {
+            shared.complete(Err(Error::shutdown(ctx)));
+            return;
+        }
+        let chunk = self.cfg.chunk_size;
+        let plan = match req {
+            OpRequest::Read { .. } => ReadPlan::new(offset, len, file.align, chunk).map(Plan::Read),
+            OpRequest::Write { .. } => {
+                WritePlan::new(offset, len, file.align, chunk).map(Plan::Write)
+            }
+            OpRequest::Sync { .. } => Ok(Plan::Sync),
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                shared.complete(Err(Error::invalid(ctx, e.to_string())));
+                return;
+            }
+        };
+        let empty = plan.len() == 0;
+        let key = self.ops.insert(OpEntry {
+            shared: shared.clone(),
+            file,
+            kind,
+            plan,
+            offset,
+            len,
+            next: 0,
+            busy: 0,
+            in_runnable: !empty,
+            eof_at: None,
+            error: None,
+            cancelled: false,
+        });
+        shared.key.store(key, Ordering::Relaxed);
+        if empty {
+            self.maybe_finish(key);
+        } else {
+            self.runnable.push_back(key);
+        }
+    }
+
+    /// Starts pieces while the queue depth and the bounce pool allow.
+    fn schedule(&mut self) {
+        let qd = self.cfg.queue_depth;
+        while self.ios.len() < qd {
+            let Some((key, p)) = self.to_submit.pop_front() else {
+                break;
+            };
+            self.submit_io(key, IoKind::Write, p.piece, Some(p.slot));
+        }
+        while let Some(&key) = self.runnable.front() {
+            let op = &mut self.ops[key];
+            if op.stopped() || op.next == op.plan.len() {
+                self.runnable.pop_front();
+                op.in_runnable = false;
+                self.maybe_finish(key);
+                continue;
+            }
+            let piece = op.plan.piece(op.next);
+            if op.kind == OpKind::Read && op.eof_at.is_some_and(|e| piece.pos >= e) {
+                // Past a known end of file: nothing to read.
+                op.next += 1;
+                continue;
+            }
+            let room = match op.kind {
+                OpKind::Write => self.ios.len() + self.out_for_fill + self.to_submit.len() < qd,
+                _ => self.ios.len() < qd,
+            };
+            if !room {
+                break;
+            }
+            let slot = if op.kind == OpKind::Sync {
+                None
+            } else {
+                match self.slots.alloc(piece.len) {
+                    Some(s) => Some(s),
+                    None => break,
+                }
+            };
+            op.next += 1;
+            op.busy += 1;
+            // Round-robin between ops so one huge request cannot starve small ones.
+            self.runnable.pop_front();
+            if op.next < op.plan.len() {
+                self.runnable.push_back(key);
+            } else {
+                op.in_runnable = false;
+            }
+            match (op.kind, slot) {
+                (OpKind::Write, Some(slot)) => {
+                    self.out_for_fill += 1;
+                    op.shared.push_ready(ReadyPiece {
+                        piece,
+                        valid: piece.len,
+                        slot,
+                    });
+                }
+                (OpKind::Sync, _) => self.submit_io(key, IoKind::Fsync, piece, None),
+                (_, slot) => self.submit_io(key, IoKind::Read, piece, slot),
+            }
+        }
+    }
+
+    fn submit_io(&mut self, key: usize, kind: IoKind, piece: Piece, slot: Option<BounceSlot>) {
+        let token = self.ios.insert(InflightIo {
+            op: key,
+            kind,
+            piece,
+            slot,
+            done: 0,
+        });
+        self.push_io(token);
+    }
+
+    /// (Re)submits the unfinished remainder of in-flight I/O `token`.
+    fn push_io(&mut self, token: usize) {
+        let io = &self.ios[token];
+        let file = &self.ops[io.op].file;
+        let fd = match io.piece.via {
+            Via::Main => file.raw_fd(),
+            Via::Buffered => file.buffered_raw_fd(),
+        };
+        let (buf, fixed) = match &io.slot {
+            Some(s) => {
+                // SAFETY: `done <= piece.len <= slot size`, so the pointer stays in the slot.
+                let p = unsafe { self.arena.slot_ptr(s).add(io.done) };
+                let fixed = self
+                    .driver
+                    .as_ref()
+                    .is_some_and(Driver::uses_fixed_buffers)
+                    .then(|| self.slots.block_of(s) as u16);
+                (p, fixed)
+            }
+            None => (std::ptr::null_mut(), None),
+        };
+        let req = IoRequest {
+            kind: io.kind,
+            fd,
+            buf,
+            len: (io.piece.len - io.done) as u32,
+            pos: io.piece.pos + io.done as u64,
+            fixed,
+            token: token as u64,
+        };
+        let driver = self.driver.as_mut().expect("driver present while running");
+        if let Err(e) = driver.push(req) {
+            let res = -e.raw_os_error().unwrap_or(libc::EIO);
+            self.on_completion(Completion {
+                token: token as u64,
+                res,
+            });
+        }
+    }
+
+    fn on_completion(&mut self, c: Completion) {
+        let token = c.token as usize;
+        let Some(io) = self.ios.get_mut(token) else {
+            debug_assert!(false, "completion for unknown token {token}");
+            return;
+        };
+        let key = io.op;
+        let res = c.res;
+        if res == -libc::EINTR || res == -libc::EAGAIN {
+            self.push_io(token);
+            return;
+        }
+        let align = self.ops[key].file.align;
+        let mut failure = None;
+        let mut eof = false;
+        if res < 0 {
+            failure = Some(res);
+        } else {
+            let n = res as usize;
+            io.done += n;
+            match io.kind {
+                IoKind::Read => {
+                    // Zero bytes, or a partial block under O_DIRECT, means end of file.
+                    eof = n == 0 || (n as u64 % align != 0);
+                }
+                IoKind::Write if n == 0 => failure = Some(-libc::EIO),
+                _ => {}
+            }
+            if failure.is_none() && !eof && io.done < io.piece.len && io.kind != IoKind::Fsync {
+                self.push_io(token);
+                return;
+            }
+        }
+        let io = self.ios.remove(token);
+        let backend = self.backend;
+        let op = &mut self.ops[key];
+        op.busy -= 1;
+        if let Some(res) = failure {
+            if op.error.is_none() {
+                let pos = io.piece.pos + io.done as u64;
+                op.error = Some(Error::from_cqe(op.ctx(pos, backend), res));
+            }
+        }
+        if io.kind == IoKind::Read && io.done < io.piece.len && failure.is_none() {
+            let at = io.piece.pos + io.done as u64;
+            op.eof_at = Some(op.eof_at.map_or(at, |e| e.min(at)));
+        }
+        if let Some(slot) = io.slot {
+            if io.kind == IoKind::Read && !op.stopped() && io.done > 0 {
+                op.shared.push_ready(ReadyPiece {
+                    piece: io.piece,
+                    valid: io.done,
+                    slot,
+                });
+            } else {
+                self.slots.free(slot);
+            }
+        }
+        self.maybe_finish(key);
+    }
+
+    /// Completes and removes `key` once nothing of it is outstanding.
+    fn maybe_finish(&mut self, key: usize) {
+        let op = &self.ops[key];
+        let all_started = op.stopped() || op.next == op.plan.len();
+        if !all_started || op.busy > 0 {
+            return;
+        }
+        let mut op = self.ops.remove(key);
+        if op.in_runnable {
+            self.runnable.retain(|&k| k != key);
+        }
+        let result = match op.error.take() {
+            Some(e) => Err(e),
+            None if op.cancelled => return,
+            None => match op.kind {
+                OpKind::Read => {
+                    let end = op.offset + op.len;
+                    Ok(op.eof_at.map_or(end, |e| e.min(end)).saturating_sub(op.offset))
+                }
+                OpKind::Write => Ok(op.len),
+                _ => Ok(0),
+            },
+        };
+        op.shared.complete(result);
+    }
+}
+
+/// Result of a read or write as the caller sees it.
+pub(crate) fn to_usize(r: Result<u64>) -> Result<usize> {
+    r.map(|n| n as usize)
+}

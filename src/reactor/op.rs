@@ -1,0 +1,240 @@
+//! One operation as both sides see it: [`OpShared`] (the handshake between a future and the
+//! reactor) and [`OpFuture`] (the caller's side, generic over how data crosses into or out of
+//! caller memory).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context as TaskContext, Poll, Waker};
+
+use super::{EngineShared, Msg, OpRequest, SubmitMsg};
+use crate::buf::arena::{BounceArena, BounceSlot};
+use crate::error::{Context, Error, OpKind, Result};
+use crate::uring::plan::Piece;
+
+/// A piece of an operation handed to its future: read data waiting to be copied out, or an
+/// empty slot waiting to be filled with data to write.
+#[derive(Debug)]
+pub(crate) struct ReadyPiece {
+    pub(crate) piece: Piece,
+    /// Bytes of the slot that hold file data at `piece.pos` (reads), or must be filled (writes).
+    pub(crate) valid: usize,
+    pub(crate) slot: BounceSlot,
+}
+
+/// State behind the mutex.
+#[derive(Default)]
+pub(crate) struct OpState {
+    waker: Option<Waker>,
+    ready: Vec<ReadyPiece>,
+    result: Option<Result<u64>>,
+}
+
+/// The rendezvous of one operation.
+pub(crate) struct OpShared {
+    /// Reactor-assigned slab key (usize::MAX until the reactor accepted the op).
+    pub(crate) key: AtomicUsize,
+    state: Mutex<OpState>,
+}
+
+impl OpShared {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(OpShared {
+            key: AtomicUsize::new(usize::MAX),
+            state: Mutex::new(OpState::default()),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, OpState> {
+        // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn key(&self) -> usize {
+        self.key.load(Ordering::Relaxed)
+    }
+
+    /// Reactor: hand a piece to the future. Wakes it if it was waiting.
+    pub(crate) fn push_ready(&self, p: ReadyPiece) {
+        let waker = {
+            let mut st = self.lock();
+            st.ready.push(p);
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Reactor: take back pieces the future has not picked up (cancel, shutdown).
+    pub(crate) fn reclaim_ready(&self) -> Vec<ReadyPiece> {
+        std::mem::take(&mut self.lock().ready)
+    }
+
+    /// Sets the result (first one wins) and wakes the future.
+    pub(crate) fn complete(&self, r: Result<u64>) {
+        let waker = {
+            let mut st = self.lock();
+            if st.result.is_none() {
+                st.result = Some(r);
+            }
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// How a future moves data between bounce slots and caller memory.
+pub(crate) trait Transfer: Send + Unpin {
+    /// Handles pieces the reactor handed over, returning the message that gives the slots back.
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg>;
+}
+
+/// Operations that move no data through slots (fsync, shutdown).
+pub(crate) struct NoTransfer;
+
+impl Transfer for NoTransfer {
+    fn transfer(&mut self, pieces: Vec<ReadyPiece>, _: &BounceArena, _: &Arc<OpShared>) -> Option<Msg> {
+        debug_assert!(pieces.is_empty());
+        (!pieces.is_empty()).then(|| Msg::Release(pieces.into_iter().map(|p| p.slot).collect()))
+    }
+}
+
+enum Stage {
+    /// Not yet sent to the reactor (futures are lazy).
+    Unsent(Box<dyn FnOnce() -> Msg + Send>),
+    /// Sent; waiting for pieces and the result.
+    Running(Arc<OpShared>),
+    /// Result returned to the caller.
+    Done,
+}
+
+/// The caller's side of one operation.
+pub(crate) struct OpFuture<T: Transfer> {
+    engine: Arc<EngineShared>,
+    stage: Stage,
+    transfer: T,
+    op: OpKind,
+}
+
+impl<T: Transfer> OpFuture<T> {
+    /// A future for `req`, sent on first poll.
+    pub(crate) fn new(engine: Arc<EngineShared>, req: OpRequest, transfer: T) -> Self {
+        let op = req.op_kind();
+        OpFuture {
+            engine,
+            stage: Stage::Unsent(Box::new(move || {
+                Msg::Submit(SubmitMsg {
+                    shared: None,
+                    req: Some(req),
+                })
+            })),
+            transfer,
+            op,
+        }
+    }
+
+    /// A future for an arbitrary message that carries the op's `OpShared` (shutdown).
+    pub(crate) fn with_message(
+        engine: Arc<EngineShared>,
+        op: OpKind,
+        transfer: T,
+        make: impl FnOnce() -> Msg + Send + 'static,
+    ) -> Self {
+        OpFuture {
+            engine,
+            stage: Stage::Unsent(Box::new(make)),
+            transfer,
+            op,
+        }
+    }
+
+    /// A future that is already finished with `r` (validation failures, empty requests).
+    pub(crate) fn ready(engine: Arc<EngineShared>, op: OpKind, transfer: T, r: Result<u64>) -> Self {
+        let shared = OpShared::new();
+        shared.complete(r);
+        OpFuture {
+            engine,
+            stage: Stage::Running(shared),
+            transfer,
+            op,
+        }
+    }
+}
+
+impl<T: Transfer> Future for OpFuture<T> {
+    type Output = Result<u64>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<u64>> {
+        let this = &mut *self;
+        if let Stage::Unsent(_) = this.stage {
+            let Stage::Unsent(make) = std::mem::replace(&mut this.stage, Stage::Done) else {
+                unreachable!()
+            };
+            let shared = OpShared::new();
+            // Register the waker before the reactor can see the op.
+            shared.lock().waker = Some(cx.waker().clone());
+            let mut msg = make();
+            match &mut msg {
+                Msg::Submit(s) | Msg::Shutdown(s) => s.shared = Some(shared.clone()),
+                _ => {}
+            }
+            // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes
+            // its op with `Error::Shutdown`, so the loop below returns instead of hanging.
+            this.engine.send(msg);
+            this.stage = Stage::Running(shared);
+        }
+        let shared = match &this.stage {
+            Stage::Running(s) => s.clone(),
+            Stage::Done => {
+                return Poll::Ready(Err(Error::invalid(
+                    Context::op(this.op),
+                    "future polled after it completed",
+                )));
+            }
+            Stage::Unsent(_) => unreachable!(),
+        };
+        loop {
+            let (pieces, result) = {
+                let mut st = shared.lock();
+                let pieces = std::mem::take(&mut st.ready);
+                let result = st.result.take();
+                if pieces.is_empty() && result.is_none() {
+                    match &st.waker {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => st.waker = Some(cx.waker().clone()),
+                    }
+                    return Poll::Pending;
+                }
+                (pieces, result)
+            };
+            if !pieces.is_empty() {
+                if let Some(msg) = this.transfer.transfer(pieces, &this.engine.arena, &shared) {
+                    this.engine.send(msg);
+                }
+            }
+            if let Some(r) = result {
+                this.stage = Stage::Done;
+                return Poll::Ready(r);
+            }
+        }
+    }
+}
+
+impl<T: Transfer> Drop for OpFuture<T> {
+    fn drop(&mut self) {
+        if let Stage::Running(shared) = &self.stage {
+            // Dropped mid-flight: the reactor stops starting pieces and reclaims slots. In-flight
+            // I/O only ever targets bounce slots, so nothing waits for it here.
+            self.engine.send(Msg::Cancel(shared.clone()));
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! Reads into borrowed host memory: the future copies landed slots into the caller's buffer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
+use super::Msg;
+use crate::buf::arena::BounceArena;
+use crate::error::Result;
+
+/// Copies read pieces into `dst`, which stands for file bytes `[offset, offset + dst.len())`.
+pub(crate) struct HostCopyOut<'a> {
+    pub(crate) dst: &'a mut [u8],
+    pub(crate) offset: u64,
+}
+
+impl Transfer for HostCopyOut<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        _: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        let want_end = self.offset + self.dst.len() as u64;
+        let mut slots = Vec::with_capacity(pieces.len());
+        for p in pieces {
+            let have_start = p.piece.pos;
+            let have_end = p.piece.pos + p.valid as u64;
+            let start = have_start.max(self.offset);
+            let end = have_end.min(want_end);
+            if start < end {
+                let n = (end - start) as usize;
+                let from = (start - have_start) as usize;
+                let to = (start - self.offset) as usize;
+                // SAFETY: the reactor handed this slot to this future and takes it back only
+                // through the Release message sent below, so nothing writes it meanwhile; the
+                // arena stays mapped because the engine (and this future's Arc) holds it.
+                let src = unsafe { arena.slot_bytes(&p.slot, p.valid) };
+                self.dst[to..to + n].copy_from_slice(&src[from..from + n]);
+            }
+            slots.push(p.slot);
+        }
+        Some(Msg::Release(slots))
+    }
+}
+
+/// Future of [`File::read_into`](crate::File::read_into): bytes read, short only at end of file.
+///
+/// `Send`, runtime-agnostic and cancel-safe: dropping or leaking it mid-flight never lets
+/// anything write into the destination afterwards (see [`crate::reactor`]).
+#[must_use = "futures do nothing unless polled"]
+pub struct ReadInto<'a> {
+    pub(crate) inner: OpFuture<HostCopyOut<'a>>,
+}
+
+impl Future for ReadInto<'_> {
+    type Output = Result<usize>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
+        Pin::new(&mut self.inner).poll(cx).map(super::to_usize)
+    }
+}

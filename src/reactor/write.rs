@@ -1,0 +1,51 @@
+//! Writes from borrowed host memory: the future fills empty slots from the caller's buffer,
+//! the reactor writes the slots.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
+use super::Msg;
+use crate::buf::arena::BounceArena;
+use crate::error::Result;
+
+/// Fills write pieces from `src`, which stands for file bytes `[offset, offset + src.len())`.
+pub(crate) struct HostFill<'a> {
+    pub(crate) src: &'a [u8],
+    pub(crate) offset: u64,
+}
+
+impl Transfer for HostFill<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        for p in &pieces {
+            let from = (p.piece.pos - self.offset) as usize;
+            // SAFETY: the slot was handed to this future and comes back to the reactor only
+            // through the Filled message below; nothing else touches it until then.
+            let dst = unsafe { arena.slot_bytes_mut(&p.slot, p.valid) };
+            dst.copy_from_slice(&self.src[from..from + p.valid]);
+        }
+        Some(Msg::Filled(shared.clone(), pieces))
+    }
+}
+
+/// Future of [`File::write_from`](crate::File::write_from): the whole source is written, or an
+/// error is returned. Cancel-safe in the same sense as [`ReadInto`](crate::ReadInto); a write
+/// dropped mid-flight may have written part of its range.
+#[must_use = "futures do nothing unless polled"]
+pub struct WriteFrom<'a> {
+    pub(crate) inner: OpFuture<HostFill<'a>>,
+}
+
+impl Future for WriteFrom<'_> {
+    type Output = Result<usize>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
+        Pin::new(&mut self.inner).poll(cx).map(super::to_usize)
+    }
+}

@@ -1,0 +1,135 @@
+//! The pread/pwrite thread-pool driver, for machines where io_uring is unavailable
+//! (`kernel.io_uring_disabled`, seccomp profiles of container runtimes, old kernels).
+//!
+//! It serves the same [`IoRequest`]s as the ring: worker threads run `preadv`-style system
+//! calls into bounce slots and post `-errno` style results, then ring the reactor's doorbell.
+
+use std::io;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::{Completion, IoKind, IoRequest};
+use crate::reactor::doorbell::Doorbell;
+
+/// An [`IoRequest`] on its way to a worker thread.
+struct Job(IoRequest);
+
+// SAFETY: the raw buffer pointer in the request points into the bounce arena, which outlives
+// every job (the reactor drains the driver before the arena can go), and the slot it names is
+// owned by this job alone until its completion is posted.
+unsafe impl Send for Job {}
+
+/// Thread-pool driver.
+pub(crate) struct PreadDriver {
+    jobs: Option<Sender<Job>>,
+    done: Arc<Mutex<Vec<Completion>>>,
+    doorbell: Arc<Doorbell>,
+    workers: Vec<JoinHandle<()>>,
+    reason: String,
+}
+
+fn run_job(req: &IoRequest) -> i32 {
+    // SAFETY (all arms): `req.buf` is valid for `req.len` bytes (a bounce slot owned by this
+    // job, see `Job`), and `req.fd` stays open until the op completes (the op holds its file).
+    let r = match req.kind {
+        IoKind::Read => unsafe {
+            libc::pread(req.fd, req.buf.cast(), req.len as usize, req.pos as libc::off_t)
+        },
+        IoKind::Write => unsafe {
+            libc::pwrite(req.fd, req.buf.cast(), req.len as usize, req.pos as libc::off_t)
+        },
+        IoKind::Fsync => unsafe { libc::fsync(req.fd) as isize },
+    };
+    if r < 0 {
+        -io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+    } else {
+        r as i32
+    }
+}
+
+impl PreadDriver {
+    /// Starts `threads` workers. `reason` says why this driver serves (for `BackendInfo`).
+    pub(crate) fn new(threads: usize, doorbell: Arc<Doorbell>, reason: String) -> io::Result<Self> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let mut workers = Vec::with_capacity(threads);
+        for i in 0..threads.max(1) {
+            let rx: Arc<Mutex<Receiver<Job>>> = rx.clone();
+            let done = done.clone();
+            let doorbell = doorbell.clone();
+            let h = std::thread::Builder::new()
+                .name(format!("gpuio-pread-{i}"))
+                .spawn(move || {
+                    loop {
+                        // A poisoned lock only means another worker panicked mid-recv; the
+                        // receiver itself is intact.
+                        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+                            Ok(j) => j,
+                            Err(_) => return,
+                        };
+                        let res = run_job(&job.0);
+                        done.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(Completion {
+                                token: job.0.token,
+                                res,
+                            });
+                        doorbell.ring();
+                    }
+                })?;
+            workers.push(h);
+        }
+        Ok(PreadDriver {
+            jobs: Some(tx),
+            done,
+            doorbell,
+            workers,
+            reason,
+        })
+    }
+
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "pread/pwrite thread pool ({} threads){}",
+            self.workers.len(),
+            if self.reason.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", self.reason)
+            }
+        )
+    }
+
+    pub(crate) fn push(&mut self, req: IoRequest) -> io::Result<()> {
+        let tx = self
+            .jobs
+            .as_ref()
+            .ok_or_else(|| io::Error::other("pread pool stopped"))?;
+        tx.send(Job(req))
+            .map_err(|_| io::Error::other("pread workers exited"))
+    }
+
+    pub(crate) fn wait(&mut self, block: bool, out: &mut Vec<Completion>) -> io::Result<()> {
+        let before = out.len();
+        out.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
+        if block && out.len() == before {
+            // The reactor already announced sleep and re-checked its message queue; workers
+            // ring after posting, so this wakes for either kind of work.
+            self.doorbell.wait_blocking();
+            out.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PreadDriver {
+    fn drop(&mut self) {
+        // Closing the job channel lets each worker finish its job and exit.
+        self.jobs.take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}

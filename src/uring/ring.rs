@@ -1,0 +1,261 @@
+//! The io_uring driver: ring setup with a flag fallback chain, fixed bounce buffers, and the
+//! doorbell read that lets one `io_uring_enter` wait for both I/O and new work.
+
+use std::io;
+
+use io_uring::{IoUring, Probe, opcode, squeue, types};
+
+use super::{Completion, IoKind, IoRequest};
+
+/// Which setup flags the ring got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RingFlags {
+    /// `IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN` (Linux 6.1+): completions are
+    /// processed only when the reactor asks, on its own thread.
+    SingleIssuerDeferTaskrun,
+    /// `IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG` (Linux 5.19+).
+    CoopTaskrun,
+    /// No optional flags.
+    Plain,
+}
+
+impl std::fmt::Display for RingFlags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RingFlags::SingleIssuerDeferTaskrun => "SINGLE_ISSUER|DEFER_TASKRUN|TASKRUN_FLAG",
+            RingFlags::CoopTaskrun => "COOP_TASKRUN|TASKRUN_FLAG",
+            RingFlags::Plain => "plain",
+        })
+    }
+}
+
+/// Builds a ring with the best flags the kernel accepts. Returns the ring, its flags and one
+/// line per refused attempt.
+pub(crate) fn setup_ring(entries: u32) -> io::Result<(IoUring, RingFlags, Vec<String>)> {
+    let mut refused = Vec::new();
+    match IoUring::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .setup_taskrun_flag()
+        .build(entries)
+    {
+        Ok(r) => return Ok((r, RingFlags::SingleIssuerDeferTaskrun, refused)),
+        Err(e) => refused.push(format!("SINGLE_ISSUER|DEFER_TASKRUN refused: {e}")),
+    }
+    match IoUring::builder()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
+        .build(entries)
+    {
+        Ok(r) => return Ok((r, RingFlags::CoopTaskrun, refused)),
+        Err(e) => refused.push(format!("COOP_TASKRUN refused: {e}")),
+    }
+    match IoUring::builder().build(entries) {
+        Ok(r) => Ok((r, RingFlags::Plain, refused)),
+        Err(e) => {
+            let hint = match std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled") {
+                Ok(v) if v.trim() != "0" => {
+                    format!(" (kernel.io_uring_disabled = {})", v.trim())
+                }
+                _ => String::new(),
+            };
+            Err(io::Error::new(
+                e.kind(),
+                format!("io_uring_setup failed: {e}{hint}"),
+            ))
+        }
+    }
+}
+
+/// Opcodes gpuio needs, checked with `IORING_REGISTER_PROBE`.
+fn check_opcodes(ring: &IoUring) -> io::Result<bool> {
+    let mut probe = Probe::new();
+    ring.submitter().register_probe(&mut probe)?;
+    for (code, name) in [
+        (opcode::Read::CODE, "READ"),
+        (opcode::Write::CODE, "WRITE"),
+        (opcode::Fsync::CODE, "FSYNC"),
+    ] {
+        if !probe.is_supported(code) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("io_uring lacks IORING_OP_{name}"),
+            ));
+        }
+    }
+    Ok(probe.is_supported(opcode::ReadFixed::CODE) && probe.is_supported(opcode::WriteFixed::CODE))
+}
+
+const DOORBELL_TOKEN: u64 = u64::MAX;
+
+/// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
+pub(crate) struct UringDriver {
+    ring: IoUring,
+    flags: RingFlags,
+    fixed_buffers: bool,
+    fixed_note: String,
+    doorbell_fd: i32,
+    doorbell_buf: Box<u64>,
+    doorbell_armed: bool,
+    refused: Vec<String>,
+}
+
+impl UringDriver {
+    /// Sets up a ring for `depth` concurrent I/Os and registers `iovecs` as fixed buffers where
+    /// the kernel (and RLIMIT_MEMLOCK) allows.
+    ///
+    /// # Safety
+    /// The memory behind `iovecs` must stay mapped for the life of the driver (the bounce arena
+    /// is kept alive by the reactor, which drops the driver first).
+    pub(crate) unsafe fn new(
+        depth: u32,
+        iovecs: &[libc::iovec],
+        doorbell_fd: i32,
+    ) -> io::Result<Self> {
+        let entries = (depth + 1).next_power_of_two().max(8);
+        let (ring, flags, refused) = setup_ring(entries)?;
+        let fixed_ok = check_opcodes(&ring)?;
+        let (fixed_buffers, fixed_note) = if !fixed_ok {
+            (false, "kernel lacks READ_FIXED/WRITE_FIXED".to_string())
+        } else if iovecs.len() > u16::MAX as usize {
+            (false, "too many bounce blocks to register".to_string())
+        } else {
+            // SAFETY: the caller guarantees the iovecs' memory outlives the ring.
+            match unsafe { ring.submitter().register_buffers(iovecs) } {
+                Ok(()) => (true, format!("{} bounce blocks registered", iovecs.len())),
+                Err(e) => (
+                    false,
+                    format!("buffer registration refused ({e}); RLIMIT_MEMLOCK may be too low"),
+                ),
+            }
+        };
+        Ok(UringDriver {
+            ring,
+            flags,
+            fixed_buffers,
+            fixed_note,
+            doorbell_fd,
+            doorbell_buf: Box::new(0),
+            doorbell_armed: false,
+            refused,
+        })
+    }
+
+    /// A one-line description for `BackendInfo`.
+    pub(crate) fn describe(&self) -> String {
+        let mut s = format!(
+            "io_uring ({}), fixed buffers: {}",
+            self.flags,
+            if self.fixed_buffers { "yes" } else { "no" }
+        );
+        s.push_str(&format!(" ({})", self.fixed_note));
+        for r in &self.refused {
+            s.push_str(&format!("; {r}"));
+        }
+        s
+    }
+
+    pub(crate) fn fixed_buffers(&self) -> bool {
+        self.fixed_buffers
+    }
+
+    fn push_sqe(&mut self, sqe: squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every SQE built by this driver points at memory that stays valid until its
+            // CQE is reaped: bounce slots (owned by the reactor until completion) or the
+            // driver's own doorbell buffer.
+            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
+                return Ok(());
+            }
+            // Submission queue full: hand what is queued to the kernel and retry.
+            self.submit(false)?;
+        }
+    }
+
+    /// Queues one I/O.
+    pub(crate) fn push(&mut self, req: IoRequest) -> io::Result<()> {
+        let fd = types::Fd(req.fd);
+        let sqe = match (req.kind, req.fixed.filter(|_| self.fixed_buffers)) {
+            (IoKind::Read, Some(idx)) => opcode::ReadFixed::new(fd, req.buf, req.len, idx)
+                .offset(req.pos)
+                .build(),
+            (IoKind::Read, None) => opcode::Read::new(fd, req.buf, req.len)
+                .offset(req.pos)
+                .build(),
+            (IoKind::Write, Some(idx)) => opcode::WriteFixed::new(fd, req.buf, req.len, idx)
+                .offset(req.pos)
+                .build(),
+            (IoKind::Write, None) => opcode::Write::new(fd, req.buf, req.len)
+                .offset(req.pos)
+                .build(),
+            (IoKind::Fsync, _) => opcode::Fsync::new(fd).build(),
+        };
+        self.push_sqe(sqe.user_data(req.token))
+    }
+
+    fn submit(&mut self, wait: bool) -> io::Result<()> {
+        let r = if wait {
+            self.ring.submit_and_wait(1)
+        } else {
+            self.ring.submit()
+        };
+        match r {
+            Ok(_) => Ok(()),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)) => {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Submits queued I/O; if `block`, waits for a completion or the doorbell. Appends
+    /// completions (never the doorbell's) to `out`.
+    pub(crate) fn wait(&mut self, block: bool, out: &mut Vec<Completion>) -> io::Result<()> {
+        if block && !self.doorbell_armed {
+            let sqe = opcode::Read::new(
+                types::Fd(self.doorbell_fd),
+                (&mut *self.doorbell_buf as *mut u64).cast(),
+                8,
+            )
+            .build()
+            .user_data(DOORBELL_TOKEN);
+            self.push_sqe(sqe)?;
+            self.doorbell_armed = true;
+        }
+        // With DEFER_TASKRUN completions are only posted from io_uring_enter(GETEVENTS).
+        // TASKRUN_FLAG makes the kernel raise IORING_SQ_TASKRUN when such work is pending, and
+        // the io-uring crate then adds GETEVENTS to a non-blocking submit too, so a reactor that
+        // never sleeps still reaps its completions.
+        self.submit(block)?;
+        for cqe in self.ring.completion() {
+            if cqe.user_data() == DOORBELL_TOKEN {
+                self.doorbell_armed = false;
+            } else {
+                out.push(Completion {
+                    token: cqe.user_data(),
+                    res: cqe.result(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires the doorbell read before the ring and its buffer go away: rings the eventfd
+    /// ourselves and waits for that read's completion, so the kernel never writes the freed box.
+    pub(crate) fn retire_doorbell(&mut self, ring_eventfd: impl Fn()) -> io::Result<()> {
+        let mut sink = Vec::new();
+        while self.doorbell_armed {
+            ring_eventfd();
+            self.submit(true)?;
+            for cqe in self.ring.completion() {
+                if cqe.user_data() == DOORBELL_TOKEN {
+                    self.doorbell_armed = false;
+                } else {
+                    sink.push(cqe.user_data());
+                }
+            }
+            debug_assert!(sink.is_empty(), "I/O completed after the drain");
+        }
+        Ok(())
+    }
+}
