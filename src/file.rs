@@ -157,6 +157,11 @@ impl OpenOptions {
                 buffered,
                 path,
                 align,
+                // Direct writes send unaligned edges through the page cache; planning their
+                // direct middle on whole pages keeps the two from ever sharing a page, which
+                // would make the kernel fail page-cache invalidation after the direct write
+                // (and report EIO at the next fsync).
+                write_align: if align > 1 { align.max(page_size()) } else { 1 },
                 dio,
                 readable: self.read,
                 writable: self.write,
@@ -164,6 +169,12 @@ impl OpenOptions {
             engine: engine.clone(),
         })
     }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as u64 } else { 4096 }
 }
 
 fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
@@ -182,8 +193,10 @@ pub(crate) struct FileInner {
     fd: OwnedFd,
     buffered: Option<OwnedFd>,
     pub(crate) path: Arc<Path>,
-    /// Offset alignment for planning: the O_DIRECT alignment, or 1.
+    /// Offset alignment for planning reads: the O_DIRECT alignment, or 1.
     pub(crate) align: u64,
+    /// Offset alignment for planning writes: O_DIRECT alignment rounded up to a page, or 1.
+    pub(crate) write_align: u64,
     dio: Option<DirectAlignment>,
     readable: bool,
     writable: bool,

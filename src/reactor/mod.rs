@@ -19,6 +19,9 @@
 //! - leaking a future (`mem::forget`) stops all copies into or out of caller memory, because
 //!   only `poll` copies and nobody polls a forgotten future. Its slots stay allocated (a leak of
 //!   bounce memory, never corruption), and the arena's memory is kept mapped by an `Arc`.
+//!   One op may hold at most a quarter of the pool (the per-op window), so one leaked future
+//!   pins at most that much until the engine is dropped; leak four large ones and the pool is
+//!   gone, which is the price `mem::forget` is allowed to charge.
 //! Nothing here relies on `Drop` running.
 //!
 //! # Shutdown
@@ -107,7 +110,7 @@ impl Drop for SubmitMsg {
 pub(crate) enum Msg {
     Submit(SubmitMsg),
     /// Read slots whose data the future has copied out.
-    Release(Vec<BounceSlot>),
+    Release(Arc<OpShared>, Vec<BounceSlot>),
     /// Write slots the future has filled.
     Filled(Arc<OpShared>, Vec<ReadyPiece>),
     /// The future was dropped before completion.
@@ -199,6 +202,10 @@ struct OpEntry {
     /// Pieces in the kernel, out for filling, or filled and queued for submission.
     busy: usize,
     in_runnable: bool,
+    /// Bounce bytes this op holds (in the kernel, out for filling, or awaiting copy-out).
+    held_bytes: usize,
+    /// Left the run queue because `held_bytes` reached the per-op window.
+    window_blocked: bool,
     eof_at: Option<u64>,
     error: Option<Error>,
     cancelled: bool,
@@ -242,7 +249,9 @@ pub(crate) struct Reactor {
     runnable: VecDeque<usize>,
     ios: Slab<InflightIo>,
     to_submit: VecDeque<(usize, ReadyPiece)>,
-    out_for_fill: usize,
+    /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
+    /// back) can take at most this much of the pool out of service.
+    op_window: usize,
     cfg: ReactorConfig,
     shutting_down: bool,
     shutdown_waiters: Vec<Arc<OpShared>>,
@@ -258,6 +267,7 @@ impl Reactor {
         cfg: ReactorConfig,
     ) -> Self {
         let arena = engine.arena.clone();
+        let op_window = (arena.block_size() * arena.blocks() / 4).max(arena.block_size());
         Reactor {
             rx,
             doorbell: engine.doorbell.clone(),
@@ -269,7 +279,7 @@ impl Reactor {
             runnable: VecDeque::new(),
             ios: Slab::new(),
             to_submit: VecDeque::new(),
-            out_for_fill: 0,
+            op_window,
             cfg,
             shutting_down: false,
             shutdown_waiters: Vec::new(),
@@ -394,15 +404,35 @@ impl Reactor {
 
     /// Takes back slots an op's future has not picked up.
     fn reclaim(&mut self, key: usize) {
-        let op = &mut self.ops[key];
+        let op = &self.ops[key];
         let pieces = op.shared.reclaim_ready();
         let is_write = op.kind == OpKind::Write;
         for p in pieces {
             if is_write {
-                op.busy -= 1;
-                self.out_for_fill -= 1;
+                self.ops[key].busy -= 1;
             }
-            self.slots.free(p.slot);
+            self.free_op_slot(key, p.slot);
+        }
+    }
+
+    fn is_live(&self, key: usize, shared: &Arc<OpShared>) -> bool {
+        self.ops
+            .get(key)
+            .is_some_and(|o| Arc::ptr_eq(&o.shared, shared))
+    }
+
+    /// Frees a slot `key` held, and puts the op back in the run queue if the window had
+    /// stopped it.
+    fn free_op_slot(&mut self, key: usize, slot: BounceSlot) {
+        self.slots.free(slot);
+        let op = &mut self.ops[key];
+        op.held_bytes -= slot.size();
+        if op.window_blocked && op.held_bytes < self.op_window {
+            op.window_blocked = false;
+            if !op.in_runnable {
+                op.in_runnable = true;
+                self.runnable.push_back(key);
+            }
         }
     }
 
@@ -414,25 +444,27 @@ impl Reactor {
                 };
                 self.accept(shared, req);
             }
-            Msg::Release(slots) => {
+            Msg::Release(shared, slots) => {
+                let key = shared.key();
+                let live = self.is_live(key, &shared);
                 for s in slots {
-                    self.slots.free(s);
+                    if live {
+                        self.free_op_slot(key, s);
+                    } else {
+                        self.slots.free(s);
+                    }
                 }
             }
             Msg::Filled(shared, pieces) => {
-                self.out_for_fill -= pieces.len();
                 let key = shared.key();
-                let live = self
-                    .ops
-                    .get(key)
-                    .is_some_and(|o| Arc::ptr_eq(&o.shared, &shared));
+                let live = self.is_live(key, &shared);
                 for p in pieces {
                     if live && !self.ops[key].stopped() {
                         self.to_submit.push_back((key, p));
+                    } else if live {
+                        self.ops[key].busy -= 1;
+                        self.free_op_slot(key, p.slot);
                     } else {
-                        if live {
-                            self.ops[key].busy -= 1;
-                        }
                         self.slots.free(p.slot);
                     }
                 }
@@ -442,11 +474,7 @@ impl Reactor {
             }
             Msg::Cancel(shared) => {
                 let key = shared.key();
-                if self
-                    .ops
-                    .get(key)
-                    .is_some_and(|o| Arc::ptr_eq(&o.shared, &shared))
-                {
+                if self.is_live(key, &shared) {
                     self.ops[key].cancelled = true;
                     self.reclaim(key);
                     self.maybe_finish(key);
@@ -479,7 +507,7 @@ impl Reactor {
         let plan = match req {
             OpRequest::Read { .. } => ReadPlan::new(offset, len, file.align, chunk).map(Plan::Read),
             OpRequest::Write { .. } => {
-                WritePlan::new(offset, len, file.align, chunk).map(Plan::Write)
+                WritePlan::new(offset, len, file.write_align, chunk).map(Plan::Write)
             }
             OpRequest::Sync { .. } => Ok(Plan::Sync),
         };
@@ -501,6 +529,8 @@ impl Reactor {
             next: 0,
             busy: 0,
             in_runnable: !empty,
+            held_bytes: 0,
+            window_blocked: false,
             eof_at: None,
             error: None,
             cancelled: false,
@@ -520,6 +550,12 @@ impl Reactor {
             let Some((key, p)) = self.to_submit.pop_front() else {
                 break;
             };
+            if self.ops[key].stopped() {
+                self.ops[key].busy -= 1;
+                self.free_op_slot(key, p.slot);
+                self.maybe_finish(key);
+                continue;
+            }
             self.submit_io(key, IoKind::Write, p.piece, Some(p.slot));
         }
         while let Some(&key) = self.runnable.front() {
@@ -536,8 +572,11 @@ impl Reactor {
                 op.next += 1;
                 continue;
             }
+            // Writes also count filled pieces waiting for the kernel. Pieces out for filling
+            // are bounded per op by the window instead: a leaked write holds them forever,
+            // and must not stop other ops.
             let room = match op.kind {
-                OpKind::Write => self.ios.len() + self.out_for_fill + self.to_submit.len() < qd,
+                OpKind::Write => self.ios.len() + self.to_submit.len() < qd,
                 _ => self.ios.len() < qd,
             };
             if !room {
@@ -546,8 +585,19 @@ impl Reactor {
             let slot = if op.kind == OpKind::Sync {
                 None
             } else {
+                if op.held_bytes > 0 && op.held_bytes + piece.len > self.op_window {
+                    // This op holds its share of the pool; let others run until it gives
+                    // slots back (free_op_slot re-queues it).
+                    op.window_blocked = true;
+                    op.in_runnable = false;
+                    self.runnable.pop_front();
+                    continue;
+                }
                 match self.slots.alloc(piece.len) {
-                    Some(s) => Some(s),
+                    Some(s) => {
+                        op.held_bytes += s.size();
+                        Some(s)
+                    }
                     None => break,
                 }
             };
@@ -562,7 +612,6 @@ impl Reactor {
             }
             match (op.kind, slot) {
                 (OpKind::Write, Some(slot)) => {
-                    self.out_for_fill += 1;
                     op.shared.push_ready(ReadyPiece {
                         piece,
                         valid: piece.len,
@@ -681,7 +730,7 @@ impl Reactor {
                     slot,
                 });
             } else {
-                self.slots.free(slot);
+                self.free_op_slot(key, slot);
             }
         }
         self.maybe_finish(key);

@@ -102,9 +102,15 @@ pub(crate) trait Transfer: Send + Unpin {
 pub(crate) struct NoTransfer;
 
 impl Transfer for NoTransfer {
-    fn transfer(&mut self, pieces: Vec<ReadyPiece>, _: &BounceArena, _: &Arc<OpShared>) -> Option<Msg> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        _: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
         debug_assert!(pieces.is_empty());
-        (!pieces.is_empty()).then(|| Msg::Release(pieces.into_iter().map(|p| p.slot).collect()))
+        (!pieces.is_empty())
+            .then(|| Msg::Release(shared.clone(), pieces.into_iter().map(|p| p.slot).collect()))
     }
 }
 
@@ -116,6 +122,9 @@ enum Stage {
     /// Result returned to the caller.
     Done,
 }
+
+/// Rounds of "take pieces, copy, give slots back" one `poll` may run before yielding.
+const MAX_ROUNDS_PER_POLL: usize = 8;
 
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
@@ -202,7 +211,9 @@ impl<T: Transfer> Future for OpFuture<T> {
             }
             Stage::Unsent(_) => unreachable!(),
         };
-        loop {
+        // A busy op could keep one poll copying for as long as the reactor feeds it; yield to
+        // the executor after a few rounds so other tasks on this thread get their turn.
+        for _ in 0..MAX_ROUNDS_PER_POLL {
             let (pieces, result) = {
                 let mut st = shared.lock();
                 let pieces = std::mem::take(&mut st.ready);
@@ -226,6 +237,8 @@ impl<T: Transfer> Future for OpFuture<T> {
                 return Poll::Ready(r);
             }
         }
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 

@@ -21,7 +21,7 @@ impl Transfer for HostCopyOut<'_> {
         &mut self,
         pieces: Vec<ReadyPiece>,
         arena: &BounceArena,
-        _: &Arc<OpShared>,
+        shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         let want_end = self.offset + self.dst.len() as u64;
         let mut slots = Vec::with_capacity(pieces.len());
@@ -42,7 +42,7 @@ impl Transfer for HostCopyOut<'_> {
             }
             slots.push(p.slot);
         }
-        Some(Msg::Release(slots))
+        Some(Msg::Release(shared.clone(), slots))
     }
 }
 

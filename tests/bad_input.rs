@@ -1,0 +1,164 @@
+//! Bad input gets a clear error: no panic, no hang.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gpuio::{Error, OpenOptions};
+
+/// Every case must finish well within this.
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(LIMIT, f).await.expect("operation hung")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_errors_name_the_cause() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    for (name, engine) in engines() {
+        let missing = engine.open(dir.path().join("nope")).unwrap_err();
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT), "{name}: {missing}");
+        assert!(missing.to_string().contains("nope"), "{missing}");
+
+        let e = engine.open(dir.path()).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+        assert!(e.to_string().contains("directory"), "{e}");
+
+        let fifo = dir.path().join(format!("fifo-{name}"));
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let e = within(async { engine.open(&fifo) }).await.unwrap_err();
+        assert!(e.to_string().contains("FIFO"), "{e}");
+
+        let e = OpenOptions::new().open(&engine, dir.path().join("x")).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+        let e = OpenOptions::new().read(true).create(true).open(&engine, dir.path().join("x")).unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    }
+}
+
+/// Makes `path` unwritable even for root where possible (immutable flag), else by mode bits.
+fn make_unwritable(path: &std::path::Path) -> bool {
+    const FS_IOC_GETFLAGS: libc::Ioctl = 0x8008_6601;
+    const FS_IOC_SETFLAGS: libc::Ioctl = 0x4008_6602;
+    const FS_IMMUTABLE_FL: libc::c_long = 0x10;
+    if unsafe { libc::geteuid() } != 0 {
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o400)).unwrap();
+        return true;
+    }
+    let f = std::fs::File::open(path).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let mut flags: libc::c_long = 0;
+    if unsafe { libc::ioctl(fd, FS_IOC_GETFLAGS, &mut flags) } != 0 {
+        return false;
+    }
+    flags |= FS_IMMUTABLE_FL;
+    unsafe { libc::ioctl(fd, FS_IOC_SETFLAGS, &flags) == 0 }
+}
+
+fn clear_immutable(path: &std::path::Path) {
+    const FS_IOC_SETFLAGS: libc::Ioctl = 0x4008_6602;
+    if let Ok(f) = std::fs::File::open(path) {
+        let zero: libc::c_long = 0;
+        unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&f), FS_IOC_SETFLAGS, &zero) };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_permission() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, _) = test_file(dir.path(), "ro", 100, 1);
+    if !make_unwritable(&path) {
+        eprintln!("SKIPPED no_permission: cannot make a file unwritable here (no immutable flag support)");
+        return;
+    }
+    let engine = gpuio::Engine::builder().chunk_size(1 << 16).bounce_slots(2).build().unwrap();
+    let e = OpenOptions::new().write(true).open(&engine, &path).unwrap_err();
+    clear_immutable(&path);
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)),
+        "{e}"
+    );
+    assert!(e.to_string().starts_with("open "), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_access_and_overflow() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, _) = test_file(dir.path(), "d", 10_000, 1);
+    for (name, engine) in engines() {
+        let wo = OpenOptions::new().write(true).open(&engine, &path).unwrap();
+        let mut buf = vec![0u8; 10];
+        let e = within(wo.read_into(&mut buf, 0)).await.unwrap_err();
+        assert!(e.to_string().contains("without read access"), "{name}: {e}");
+        let ro = engine.open(&path).unwrap();
+        let e = within(ro.write_from(&buf, 0)).await.unwrap_err();
+        assert!(e.to_string().contains("without write access"), "{name}: {e}");
+        for off in [u64::MAX, u64::MAX - 5, i64::MAX as u64] {
+            let e = within(ro.read_into(&mut buf, off)).await.unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{name}: {e}");
+            let e = within(wo.write_from(&buf, off)).await.unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{name}: {e}");
+        }
+        // Large but legal offsets read nothing.
+        assert_eq!(within(ro.read_into(&mut buf, 1 << 50)).await.unwrap(), 0);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_shut_down() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, _) = test_file(dir.path(), "d", 10_000, 1);
+    for (name, engine) in engines() {
+        let f = OpenOptions::new().read(true).write(true).open(&engine, &path).unwrap();
+        within(engine.shutdown()).await.unwrap();
+        assert!(engine.is_shut_down());
+        let mut buf = vec![0u8; 10];
+        let e = within(f.read_into(&mut buf, 0)).await.unwrap_err();
+        assert!(matches!(e, Error::Shutdown { .. }), "{name}: {e}");
+        let e = within(f.write_from(&buf, 0)).await.unwrap_err();
+        assert!(matches!(e, Error::Shutdown { .. }), "{name}: {e}");
+        assert!(within(f.sync_all()).await.is_err());
+        // A second shutdown is fine.
+        within(engine.shutdown()).await.unwrap();
+        let io: std::io::Error = e.into();
+        assert_eq!(io.kind(), std::io::ErrorKind::BrokenPipe);
+    }
+}
+
+#[test]
+fn bad_engine_settings() {
+    for b in [
+        gpuio::Engine::builder().chunk_size(1000),
+        gpuio::Engine::builder().chunk_size(0),
+        gpuio::Engine::builder().queue_depth(0),
+        gpuio::Engine::builder().bounce_slots(0),
+    ] {
+        let e = b.build().unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_with_io_in_flight_fails_it_cleanly() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, _) = test_file(dir.path(), "d", 8 << 20, 1);
+    for (name, engine) in engines() {
+        let f = engine.open(&path).unwrap();
+        let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
+        let futs: Vec<_> = bufs.iter_mut().map(|b| f.read_into(b, 0)).collect();
+        let (results, shut) = within(async {
+            tokio::join!(futures::future::join_all(futs), engine.shutdown())
+        })
+        .await;
+        shut.unwrap();
+        for r in results {
+            match r {
+                Ok(n) => assert_eq!(n, 1 << 20),
+                Err(e) => assert!(matches!(e, Error::Shutdown { .. }), "{name}: {e}"),
+            }
+        }
+    }
+}

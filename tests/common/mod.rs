@@ -1,0 +1,100 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use gpuio::{Backend, Engine};
+
+/// Deterministic pseudo-random bytes.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut v = vec![0u8; len];
+    rng.fill(&mut v);
+    v
+}
+
+/// Writes `len` pseudo-random bytes to `dir/name`.
+pub fn test_file(dir: &Path, name: &str, len: usize, seed: u64) -> (PathBuf, Vec<u8>) {
+    let p = dir.join(name);
+    let data = pattern(len, seed);
+    std::fs::write(&p, &data).unwrap();
+    (p, data)
+}
+
+/// What `pread` returns for the same range (the reference).
+pub fn pread_ref(path: &Path, off: u64, len: usize) -> Vec<u8> {
+    let f = std::fs::File::open(path).unwrap();
+    let mut buf = vec![0u8; len];
+    let mut got = 0;
+    while got < len {
+        let n = f.read_at(&mut buf[got..], off + got as u64).unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+    }
+    buf.truncate(got);
+    buf
+}
+
+/// Small engines (256 KiB chunks, 4 MiB pool) on every backend this machine has, so requests
+/// span many chunks and the pool runs out. io_uring is skipped, loudly, where unavailable.
+pub fn engines() -> Vec<(&'static str, Engine)> {
+    let mut v = Vec::new();
+    match Engine::builder()
+        .backend(Backend::Uring)
+        .chunk_size(256 << 10)
+        .queue_depth(8)
+        .bounce_slots(16)
+        .build()
+    {
+        Ok(e) => v.push(("io_uring", e)),
+        Err(e) => eprintln!("SKIPPED io_uring backend in this test: {e}"),
+    }
+    v.push((
+        "pread",
+        Engine::builder()
+            .backend(Backend::Pread)
+            .chunk_size(256 << 10)
+            .queue_depth(8)
+            .bounce_slots(16)
+            .build()
+            .unwrap(),
+    ));
+    v
+}
+
+/// Whether O_DIRECT works in `dir` (it does on ext4/xfs; tmpfs may refuse).
+pub fn direct_ok(engine: &Engine, path: &Path) -> bool {
+    match gpuio::OpenOptions::new().read(true).direct(true).open(engine, path) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("SKIPPED O_DIRECT part of this test: {e}");
+            false
+        }
+    }
+}
+
+/// A buffer with canary zones on both sides of the part handed out.
+pub struct Canaried {
+    pub buf: Vec<u8>,
+    pub guard: usize,
+    pub len: usize,
+}
+
+pub const CANARY: u8 = 0xC5;
+
+impl Canaried {
+    pub fn new(len: usize, guard: usize) -> Self {
+        Canaried { buf: vec![CANARY; len + 2 * guard], guard, len }
+    }
+    pub fn inner(&mut self) -> &mut [u8] {
+        &mut self.buf[self.guard..self.guard + self.len]
+    }
+    pub fn check_guards(&self) {
+        let g = self.guard;
+        assert!(self.buf[..g].iter().all(|&b| b == CANARY), "front canary overwritten");
+        assert!(self.buf[g + self.len..].iter().all(|&b| b == CANARY), "back canary overwritten");
+    }
+}

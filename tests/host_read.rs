@@ -1,0 +1,189 @@
+//! Reads into host memory, checked against pread on the same file, on every backend,
+//! buffered and O_DIRECT.
+
+mod common;
+
+use common::*;
+use gpuio::OpenOptions;
+
+const FILE_LEN: usize = 6 * 1024 * 1024 + 1234;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_ranges_match_pread() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, _) = test_file(dir.path(), "data", FILE_LEN, 1);
+    for (name, engine) in engines() {
+        let mut files = vec![("buffered", engine.open(&path).unwrap())];
+        if direct_ok(&engine, &path) {
+            let f = OpenOptions::new().read(true).direct(true).open(&engine, &path).unwrap();
+            files.push(("direct", f));
+        }
+        let mut rng = fastrand::Rng::with_seed(42);
+        for (mode, file) in &files {
+            for i in 0..150 {
+                let off = match i % 3 {
+                    0 => rng.u64(0..FILE_LEN as u64 + 10_000),
+                    1 => rng.u64(0..64) * 4096,
+                    _ => rng.u64(0..FILE_LEN as u64),
+                };
+                let len = match i % 4 {
+                    0 => rng.usize(0..64),
+                    1 => rng.usize(0..8192),
+                    2 => rng.usize(0..3 << 20),
+                    _ => rng.usize(0..FILE_LEN + 5000),
+                };
+                let mut c = Canaried::new(len, 4096);
+                let n = file.read_into(c.inner(), off).await.unwrap_or_else(|e| {
+                    panic!("{name} {mode} read {off}+{len}: {e}")
+                });
+                let want = pread_ref(&path, off, len);
+                assert_eq!(n, want.len(), "{name} {mode} count at {off}+{len}");
+                assert!(c.inner()[..n] == want[..], "{name} {mode} data at {off}+{len}");
+                c.check_guards();
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_sizes() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, data) = test_file(dir.path(), "data", FILE_LEN, 2);
+    let size = FILE_LEN as u64;
+    for (name, engine) in engines() {
+        let mut files = vec![engine.open(&path).unwrap()];
+        if direct_ok(&engine, &path) {
+            files.push(OpenOptions::new().read(true).direct(true).open(&engine, &path).unwrap());
+        }
+        for f in &files {
+            let cases: &[(u64, usize, usize)] = &[
+                (0, 0, 0),
+                (17, 0, 0),
+                (0, 1, 1),
+                (size - 1, 1, 1),
+                (1, 4095, 4095),
+                (4095, 4097, 4097),
+                (4096, 4097, 4097),
+                (3, 5 << 20, 5 << 20),
+                (size - 100, 4096, 100),
+                (size, 10, 0),
+                (size + 4096 * 3, 10_000, 0),
+                (0, FILE_LEN + 9999, FILE_LEN),
+            ];
+            for &(off, len, want) in cases {
+                let mut buf = vec![0xEEu8; len];
+                let n = f.read_into(&mut buf, off).await.unwrap();
+                assert_eq!(n, want, "{name} direct={} {off}+{len}", f.is_direct());
+                let o = off as usize;
+                assert!(n == 0 || buf[..n] == data[o..o + n]);
+            }
+            // read_exact_at: exact inside, UnexpectedEof across the end.
+            let mut b = vec![0u8; 4097];
+            f.read_exact_at(&mut b, 100).await.unwrap();
+            assert_eq!(&b[..], &data[100..4197]);
+            let e = f.read_exact_at(&mut b, size - 10).await.unwrap_err();
+            assert!(matches!(e, gpuio::Error::UnexpectedEof { wanted: 4097, got: 10, .. }), "{e}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destination_types_and_owned_buffers() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, data) = test_file(dir.path(), "data", 100_000, 3);
+    for (_, engine) in engines() {
+        let f = engine.open(&path).unwrap();
+        let mut arr = [0u8; 300];
+        assert_eq!(f.read_into(&mut arr, 7).await.unwrap(), 300);
+        assert_eq!(&arr[..], &data[7..307]);
+        let mut bm = bytes::BytesMut::zeroed(5000);
+        assert_eq!(f.read_into(&mut bm, 1).await.unwrap(), 5000);
+        assert_eq!(&bm[..], &data[1..5001]);
+        let slice: &mut [u8] = &mut vec![0u8; 10];
+        assert_eq!(f.read_into(slice, 99_995).await.unwrap(), 5);
+        let (r, v) = f.read_owned(vec![0u8; 70_000], 30_000).await;
+        assert_eq!(r.unwrap(), 70_000);
+        assert_eq!(&v[..], &data[30_000..]);
+        let (r, v) = f.read_owned(vec![0u8; 10], 200_000).await;
+        assert_eq!(r.unwrap(), 0);
+        assert_eq!(v.len(), 10);
+        assert_eq!(f.len().unwrap(), 100_000);
+    }
+}
+
+/// Many concurrent reads of one file from many tasks.
+async fn concurrent_reads(engine: gpuio::Engine, path: std::path::PathBuf, data: std::sync::Arc<Vec<u8>>) {
+    let file = std::sync::Arc::new(engine.open(&path).unwrap());
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..64u64 {
+        let file = file.clone();
+        let data = data.clone();
+        set.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(t);
+            for _ in 0..20 {
+                let off = rng.usize(0..data.len());
+                let len = rng.usize(0..600_000);
+                let mut buf = vec![0u8; len];
+                let n = file.read_into(&mut buf, off as u64).await.unwrap();
+                let want = len.min(data.len() - off);
+                assert_eq!(n, want);
+                assert!(buf[..n] == data[off..off + n]);
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+}
+
+#[test]
+fn concurrent_reads_multi_thread_runtime() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, data) = test_file(dir.path(), "data", FILE_LEN, 4);
+    let data = std::sync::Arc::new(data);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).build().unwrap();
+    for (_, engine) in engines() {
+        rt.block_on(concurrent_reads(engine, path.clone(), data.clone()));
+    }
+}
+
+#[test]
+fn concurrent_reads_current_thread_runtime() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, data) = test_file(dir.path(), "data", FILE_LEN, 5);
+    let data = std::sync::Arc::new(data);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for (_, engine) in engines() {
+        rt.block_on(concurrent_reads(engine, path.clone(), data.clone()));
+    }
+}
+
+#[test]
+fn works_without_tokio() {
+    // Runtime-agnostic: the futures executor drives the same futures.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let (path, data) = test_file(dir.path(), "data", 1 << 20, 6);
+    for (_, engine) in engines() {
+        let f = engine.open(&path).unwrap();
+        let mut buf = vec![0u8; 1 << 20];
+        let n = futures::executor::block_on(f.read_into(&mut buf, 0)).unwrap();
+        assert_eq!(n, 1 << 20);
+        assert!(buf == data);
+    }
+}
+
+#[test]
+fn futures_are_send() {
+    fn is_send<T: Send>(_: &T) {}
+    let engine = gpuio::Engine::builder().bounce_slots(1).chunk_size(1 << 16).build().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = test_file(dir.path(), "d", 10, 1);
+    let f = engine.open(&path).unwrap();
+    let mut b = vec![0u8; 4];
+    is_send(&f.read_into(&mut b, 0));
+    is_send(&f.write_from(&b, 0));
+    is_send(&f.read_exact_at(&mut b, 0));
+    is_send(&f.sync_all());
+    is_send(&f.read_owned(vec![0u8; 4], 0));
+    is_send(&engine.shutdown());
+}
