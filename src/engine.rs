@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, sync_channel};
+use std::time::Duration;
 
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
@@ -57,6 +58,7 @@ pub struct EngineBuilder {
     bounce_slots: usize,
     backend: Backend,
     pread_threads: Option<usize>,
+    spin: Duration,
 }
 
 impl Default for EngineBuilder {
@@ -67,6 +69,7 @@ impl Default for EngineBuilder {
             bounce_slots: 32,
             backend: Backend::Auto,
             pread_threads: None,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -103,10 +106,20 @@ impl EngineBuilder {
         self
     }
 
+    /// How long the reactor keeps polling for follow-up requests after it delivered
+    /// completions, before it sleeps (default 50 µs; zero disables). Trades a little CPU for
+    /// latency and IOPS on small requests.
+    pub fn reactor_spin(mut self, d: Duration) -> Self {
+        self.spin = d;
+        self
+    }
+
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
-        if self.chunk_size < MIN_SLOT || self.chunk_size % MIN_SLOT != 0 || self.chunk_size > 1 << 30
+        if self.chunk_size < MIN_SLOT
+            || self.chunk_size % MIN_SLOT != 0
+            || self.chunk_size > 1 << 30
         {
             return Err(Error::invalid(
                 ctx(),
@@ -139,6 +152,7 @@ impl EngineBuilder {
         let cfg = ReactorConfig {
             chunk_size: self.chunk_size,
             queue_depth: self.queue_depth,
+            spin: self.spin,
         };
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())
@@ -315,12 +329,10 @@ impl Engine {
             self.inner.shared.clone(),
             OpKind::Shutdown,
             NoTransfer,
-            || {
-                Msg::Shutdown(SubmitMsg {
-                    shared: None,
-                    req: None,
-                })
-            },
+            Msg::Shutdown(SubmitMsg {
+                shared: None,
+                req: None,
+            }),
         );
         match fut.await {
             Ok(_) => Ok(()),

@@ -240,7 +240,10 @@ mod tests {
             -libc::EIO,
         );
         let s = e.to_string();
-        assert!(s.starts_with("read /data/x.bin at offset 4096 via io_uring: "), "{s}");
+        assert!(
+            s.starts_with("read /data/x.bin at offset 4096 via io_uring: "),
+            "{s}"
+        );
         assert_eq!(e.raw_os_error(), Some(libc::EIO));
         let io: io::Error = e.into();
         assert_eq!(io.kind(), io::Error::from_raw_os_error(libc::EIO).kind());

@@ -9,10 +9,10 @@ use crate::buf::arena::MIN_SLOT;
 use crate::buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 use crate::engine::Engine;
 use crate::error::{Context, Error, OpKind, Result};
+use crate::reactor::OpRequest;
 use crate::reactor::op::{NoTransfer, OpFuture};
 use crate::reactor::read::{HostCopyOut, ReadInto};
 use crate::reactor::write::{HostFill, WriteFrom};
-use crate::reactor::OpRequest;
 use crate::uring::align::{self, DirectAlignment};
 use crate::uring::plan::MAX_POS;
 
@@ -295,7 +295,11 @@ impl File {
     ///
     /// Cancel-safe: dropping (or leaking) the future mid-flight leaves `dst` untouched from
     /// then on.
-    pub fn read_into<'a, D: ReadDst + ?Sized>(&'a self, dst: &'a mut D, offset: u64) -> ReadInto<'a> {
+    pub fn read_into<'a, D: ReadDst + ?Sized>(
+        &'a self,
+        dst: &'a mut D,
+        offset: u64,
+    ) -> ReadInto<'a> {
         let dst = dst.host_bytes_mut();
         let len = dst.len();
         let shared = self.engine.shared().clone();
@@ -336,7 +340,11 @@ impl File {
 
     /// Writes all of `src` at `offset`; returns `src.len()` or an error (never a silent short
     /// write). O_DIRECT files accept any offset and length.
-    pub fn write_from<'a, S: WriteSrc + ?Sized>(&'a self, src: &'a S, offset: u64) -> WriteFrom<'a> {
+    pub fn write_from<'a, S: WriteSrc + ?Sized>(
+        &'a self,
+        src: &'a S,
+        offset: u64,
+    ) -> WriteFrom<'a> {
         let src = src.host_bytes();
         let len = src.len();
         let shared = self.engine.shared().clone();

@@ -11,7 +11,9 @@ use gpuio::{Error, OpenOptions};
 const LIMIT: Duration = Duration::from_secs(20);
 
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(LIMIT, f).await.expect("operation hung")
+    tokio::time::timeout(LIMIT, f)
+        .await
+        .expect("operation hung")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,7 +21,11 @@ async fn open_errors_name_the_cause() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     for (name, engine) in engines() {
         let missing = engine.open(dir.path().join("nope")).unwrap_err();
-        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT), "{name}: {missing}");
+        assert_eq!(
+            missing.raw_os_error(),
+            Some(libc::ENOENT),
+            "{name}: {missing}"
+        );
         assert!(missing.to_string().contains("nope"), "{missing}");
 
         let e = engine.open(dir.path()).unwrap_err();
@@ -32,9 +38,15 @@ async fn open_errors_name_the_cause() {
         let e = within(async { engine.open(&fifo) }).await.unwrap_err();
         assert!(e.to_string().contains("FIFO"), "{e}");
 
-        let e = OpenOptions::new().open(&engine, dir.path().join("x")).unwrap_err();
+        let e = OpenOptions::new()
+            .open(&engine, dir.path().join("x"))
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
-        let e = OpenOptions::new().read(true).create(true).open(&engine, dir.path().join("x")).unwrap_err();
+        let e = OpenOptions::new()
+            .read(true)
+            .create(true)
+            .open(&engine, dir.path().join("x"))
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
     }
 }
@@ -45,7 +57,8 @@ fn make_unwritable(path: &std::path::Path) -> bool {
     const FS_IOC_SETFLAGS: libc::Ioctl = 0x4008_6602;
     const FS_IMMUTABLE_FL: libc::c_long = 0x10;
     if unsafe { libc::geteuid() } != 0 {
-        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o400)).unwrap();
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o400))
+            .unwrap();
         return true;
     }
     let f = std::fs::File::open(path).unwrap();
@@ -71,11 +84,20 @@ async fn no_permission() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, _) = test_file(dir.path(), "ro", 100, 1);
     if !make_unwritable(&path) {
-        eprintln!("SKIPPED no_permission: cannot make a file unwritable here (no immutable flag support)");
+        eprintln!(
+            "SKIPPED no_permission: cannot make a file unwritable here (no immutable flag support)"
+        );
         return;
     }
-    let engine = gpuio::Engine::builder().chunk_size(1 << 16).bounce_slots(2).build().unwrap();
-    let e = OpenOptions::new().write(true).open(&engine, &path).unwrap_err();
+    let engine = gpuio::Engine::builder()
+        .chunk_size(1 << 16)
+        .bounce_slots(2)
+        .build()
+        .unwrap();
+    let e = OpenOptions::new()
+        .write(true)
+        .open(&engine, &path)
+        .unwrap_err();
     clear_immutable(&path);
     assert!(
         matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)),
@@ -95,7 +117,10 @@ async fn wrong_access_and_overflow() {
         assert!(e.to_string().contains("without read access"), "{name}: {e}");
         let ro = engine.open(&path).unwrap();
         let e = within(ro.write_from(&buf, 0)).await.unwrap_err();
-        assert!(e.to_string().contains("without write access"), "{name}: {e}");
+        assert!(
+            e.to_string().contains("without write access"),
+            "{name}: {e}"
+        );
         for off in [u64::MAX, u64::MAX - 5, i64::MAX as u64] {
             let e = within(ro.read_into(&mut buf, off)).await.unwrap_err();
             assert!(matches!(e, Error::InvalidInput { .. }), "{name}: {e}");
@@ -112,7 +137,11 @@ async fn engine_shut_down() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, _) = test_file(dir.path(), "d", 10_000, 1);
     for (name, engine) in engines() {
-        let f = OpenOptions::new().read(true).write(true).open(&engine, &path).unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&engine, &path)
+            .unwrap();
         within(engine.shutdown()).await.unwrap();
         assert!(engine.is_shut_down());
         let mut buf = vec![0u8; 10];
@@ -149,10 +178,9 @@ async fn shutdown_with_io_in_flight_fails_it_cleanly() {
         let f = engine.open(&path).unwrap();
         let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
         let futs: Vec<_> = bufs.iter_mut().map(|b| f.read_into(b, 0)).collect();
-        let (results, shut) = within(async {
-            tokio::join!(futures::future::join_all(futs), engine.shutdown())
-        })
-        .await;
+        let (results, shut) =
+            within(async { tokio::join!(futures::future::join_all(futs), engine.shutdown()) })
+                .await;
         shut.unwrap();
         for r in results {
             match r {

@@ -25,8 +25,21 @@ fn engines_for_cancel() -> Vec<(&'static str, Engine)> {
     // Small chunks and a shallow queue: a 16 MiB read is 64 pieces, so it is surely mid-flight.
     let mut v = Vec::new();
     for b in [gpuio::Backend::Uring, gpuio::Backend::Pread] {
-        match Engine::builder().backend(b).chunk_size(256 << 10).queue_depth(4).bounce_slots(8).build() {
-            Ok(e) => v.push((if b == gpuio::Backend::Uring { "io_uring" } else { "pread" }, e)),
+        match Engine::builder()
+            .backend(b)
+            .chunk_size(256 << 10)
+            .queue_depth(4)
+            .bounce_slots(8)
+            .build()
+        {
+            Ok(e) => v.push((
+                if b == gpuio::Backend::Uring {
+                    "io_uring"
+                } else {
+                    "pread"
+                },
+                e,
+            )),
             Err(e) => eprintln!("SKIPPED {b:?} in cancel tests: {e}"),
         }
     }
@@ -51,7 +64,11 @@ async fn dropped_read_never_writes_destination_again() {
             if direct && !direct_ok(&engine, &path) {
                 continue;
             }
-            let f = OpenOptions::new().read(true).direct(direct).open(&engine, &path).unwrap();
+            let f = OpenOptions::new()
+                .read(true)
+                .direct(direct)
+                .open(&engine, &path)
+                .unwrap();
             for wait_us in [0u64, 200, 2000] {
                 let mut c = Canaried::new(LEN, 8192);
                 {
@@ -66,7 +83,10 @@ async fn dropped_read_never_writes_destination_again() {
                 }
                 c.inner().fill(0x5A);
                 drain(&engine, &path).await;
-                assert!(c.inner().iter().all(|&b| b == 0x5A), "{name} direct={direct}: destination written after drop");
+                assert!(
+                    c.inner().iter().all(|&b| b == 0x5A),
+                    "{name} direct={direct}: destination written after drop"
+                );
                 c.check_guards();
             }
         }
@@ -88,13 +108,19 @@ async fn leaked_read_never_writes_destination_again() {
         c.inner().fill(0x77);
         // The leaked op still holds bounce memory; the engine must keep working regardless.
         drain(&engine, &path).await;
-        assert!(c.inner().iter().all(|&b| b == 0x77), "{name}: destination written after leak");
+        assert!(
+            c.inner().iter().all(|&b| b == 0x77),
+            "{name}: destination written after leak"
+        );
         c.check_guards();
         // Freeing the destination after a leak is fine too (ASan would flag a later write).
         drop(c);
         drain(&engine, &path).await;
         // Shutdown with a leaked op completes: nothing waits on the forgotten future.
-        tokio::time::timeout(Duration::from_secs(20), engine.shutdown()).await.expect("shutdown hung").unwrap();
+        tokio::time::timeout(Duration::from_secs(20), engine.shutdown())
+            .await
+            .expect("shutdown hung")
+            .unwrap();
     }
 }
 
@@ -126,7 +152,10 @@ async fn dropped_and_leaked_writes_never_read_source_again() {
             drain(&engine, &full).await;
             f.sync_all().await.unwrap();
             let on_disk = std::fs::read(&path).unwrap();
-            assert!(on_disk.iter().all(|&b| b == 0x11 || b == 0), "{name} leak={leak}: source read after cancel");
+            assert!(
+                on_disk.iter().all(|&b| b == 0x11 || b == 0),
+                "{name} leak={leak}: source read after cancel"
+            );
         }
     }
 }
@@ -147,7 +176,10 @@ async fn many_leaks_do_not_wedge_the_engine() {
             keep.push(b);
         }
         let mut b = vec![0u8; 100_000];
-        let n = tokio::time::timeout(Duration::from_secs(20), f.read_into(&mut b, 5)).await.expect("hung").unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(20), f.read_into(&mut b, 5))
+            .await
+            .expect("hung")
+            .unwrap();
         assert_eq!(n, 100_000, "{name}");
         assert!(b[..] == data[5..100_005]);
         // Leaked writes must not wedge later writes either.
@@ -158,8 +190,10 @@ async fn many_leaks_do_not_wedge_the_engine() {
             poll_once(&mut fut);
             std::mem::forget(fut);
         }
-        let n = tokio::time::timeout(Duration::from_secs(20), w.write_from(&data, 0)).await.expect("write hung").unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(20), w.write_from(&data, 0))
+            .await
+            .expect("write hung")
+            .unwrap();
         assert_eq!(n, data.len(), "{name}");
     }
 }
-

@@ -15,7 +15,11 @@ async fn random_ranges_match_pread() {
     for (name, engine) in engines() {
         let mut files = vec![("buffered", engine.open(&path).unwrap())];
         if direct_ok(&engine, &path) {
-            let f = OpenOptions::new().read(true).direct(true).open(&engine, &path).unwrap();
+            let f = OpenOptions::new()
+                .read(true)
+                .direct(true)
+                .open(&engine, &path)
+                .unwrap();
             files.push(("direct", f));
         }
         let mut rng = fastrand::Rng::with_seed(42);
@@ -33,12 +37,16 @@ async fn random_ranges_match_pread() {
                     _ => rng.usize(0..FILE_LEN + 5000),
                 };
                 let mut c = Canaried::new(len, 4096);
-                let n = file.read_into(c.inner(), off).await.unwrap_or_else(|e| {
-                    panic!("{name} {mode} read {off}+{len}: {e}")
-                });
+                let n = file
+                    .read_into(c.inner(), off)
+                    .await
+                    .unwrap_or_else(|e| panic!("{name} {mode} read {off}+{len}: {e}"));
                 let want = pread_ref(&path, off, len);
                 assert_eq!(n, want.len(), "{name} {mode} count at {off}+{len}");
-                assert!(c.inner()[..n] == want[..], "{name} {mode} data at {off}+{len}");
+                assert!(
+                    c.inner()[..n] == want[..],
+                    "{name} {mode} data at {off}+{len}"
+                );
                 c.check_guards();
             }
         }
@@ -53,7 +61,13 @@ async fn edge_sizes() {
     for (name, engine) in engines() {
         let mut files = vec![engine.open(&path).unwrap()];
         if direct_ok(&engine, &path) {
-            files.push(OpenOptions::new().read(true).direct(true).open(&engine, &path).unwrap());
+            files.push(
+                OpenOptions::new()
+                    .read(true)
+                    .direct(true)
+                    .open(&engine, &path)
+                    .unwrap(),
+            );
         }
         for f in &files {
             let cases: &[(u64, usize, usize)] = &[
@@ -82,7 +96,17 @@ async fn edge_sizes() {
             f.read_exact_at(&mut b, 100).await.unwrap();
             assert_eq!(&b[..], &data[100..4197]);
             let e = f.read_exact_at(&mut b, size - 10).await.unwrap_err();
-            assert!(matches!(e, gpuio::Error::UnexpectedEof { wanted: 4097, got: 10, .. }), "{e}");
+            assert!(
+                matches!(
+                    e,
+                    gpuio::Error::UnexpectedEof {
+                        wanted: 4097,
+                        got: 10,
+                        ..
+                    }
+                ),
+                "{e}"
+            );
         }
     }
 }
@@ -99,7 +123,7 @@ async fn destination_types_and_owned_buffers() {
         let mut bm = bytes::BytesMut::zeroed(5000);
         assert_eq!(f.read_into(&mut bm, 1).await.unwrap(), 5000);
         assert_eq!(&bm[..], &data[1..5001]);
-        let slice: &mut [u8] = &mut vec![0u8; 10];
+        let slice: &mut [u8] = &mut [0u8; 10];
         assert_eq!(f.read_into(slice, 99_995).await.unwrap(), 5);
         let (r, v) = f.read_owned(vec![0u8; 70_000], 30_000).await;
         assert_eq!(r.unwrap(), 70_000);
@@ -112,7 +136,11 @@ async fn destination_types_and_owned_buffers() {
 }
 
 /// Many concurrent reads of one file from many tasks.
-async fn concurrent_reads(engine: gpuio::Engine, path: std::path::PathBuf, data: std::sync::Arc<Vec<u8>>) {
+async fn concurrent_reads(
+    engine: gpuio::Engine,
+    path: std::path::PathBuf,
+    data: std::sync::Arc<Vec<u8>>,
+) {
     let file = std::sync::Arc::new(engine.open(&path).unwrap());
     let mut set = tokio::task::JoinSet::new();
     for t in 0..64u64 {
@@ -141,7 +169,10 @@ fn concurrent_reads_multi_thread_runtime() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 4);
     let data = std::sync::Arc::new(data);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(4).build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .build()
+        .unwrap();
     for (_, engine) in engines() {
         rt.block_on(concurrent_reads(engine, path.clone(), data.clone()));
     }
@@ -152,7 +183,9 @@ fn concurrent_reads_current_thread_runtime() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 5);
     let data = std::sync::Arc::new(data);
-    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
     for (_, engine) in engines() {
         rt.block_on(concurrent_reads(engine, path.clone(), data.clone()));
     }
@@ -175,7 +208,11 @@ fn works_without_tokio() {
 #[test]
 fn futures_are_send() {
     fn is_send<T: Send>(_: &T) {}
-    let engine = gpuio::Engine::builder().bounce_slots(1).chunk_size(1 << 16).build().unwrap();
+    let engine = gpuio::Engine::builder()
+        .bounce_slots(1)
+        .chunk_size(1 << 16)
+        .build()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let (path, _) = test_file(dir.path(), "d", 10, 1);
     let f = engine.open(&path).unwrap();

@@ -40,13 +40,23 @@ async fn random_writes_match_a_model() {
                 if i % 10 == 0 {
                     let mut back = vec![0u8; model.len() + 100];
                     let got = f.read_into(&mut back, 0).await.unwrap();
-                    assert_eq!(got, model.len(), "{name} direct={direct} size after write {i}");
-                    assert!(back[..got] == model[..], "{name} direct={direct} after write {i}");
+                    assert_eq!(
+                        got,
+                        model.len(),
+                        "{name} direct={direct} size after write {i}"
+                    );
+                    assert!(
+                        back[..got] == model[..],
+                        "{name} direct={direct} after write {i}"
+                    );
                 }
             }
             f.sync_all().await.unwrap();
             assert_eq!(f.len().unwrap(), model.len() as u64);
-            assert!(std::fs::read(&path).unwrap() == model, "{name} direct={direct} final");
+            assert!(
+                std::fs::read(&path).unwrap() == model,
+                "{name} direct={direct} final"
+            );
         }
     }
 }
@@ -59,7 +69,9 @@ async fn owned_write_and_create_truncate() {
         std::fs::write(&path, vec![1u8; 50_000]).unwrap();
         let f = engine.create(&path).unwrap();
         assert_eq!(f.len().unwrap(), 0, "create truncates");
-        let (r, buf) = f.write_owned(bytes::Bytes::from_static(b"hello gpuio"), 5).await;
+        let (r, buf) = f
+            .write_owned(bytes::Bytes::from_static(b"hello gpuio"), 5)
+            .await;
         assert_eq!(r.unwrap(), 11);
         assert_eq!(&buf[..], b"hello gpuio");
         let (r, _) = f.write_owned(String::from("!"), 16).await;
@@ -91,7 +103,10 @@ async fn concurrent_disjoint_writes() {
         let back = std::fs::read(&path).unwrap();
         assert_eq!(back.len(), 32 * PIECE, "{name}");
         for t in 0..32usize {
-            assert!(back[t * PIECE..(t + 1) * PIECE] == pattern(PIECE, t as u64)[..], "{name} piece {t}");
+            assert!(
+                back[t * PIECE..(t + 1) * PIECE] == pattern(PIECE, t as u64)[..],
+                "{name} piece {t}"
+            );
         }
     }
 }

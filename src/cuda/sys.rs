@@ -65,8 +65,9 @@ fn query(lib: &Library, out: &mut CudaProbe) -> Result<(), String> {
     unsafe {
         let init: Symbol<unsafe extern "C" fn(u32) -> CuResult> =
             lib.get(b"cuInit\0").map_err(|e| e.to_string())?;
-        let version: Symbol<unsafe extern "C" fn(*mut i32) -> CuResult> =
-            lib.get(b"cuDriverGetVersion\0").map_err(|e| e.to_string())?;
+        let version: Symbol<unsafe extern "C" fn(*mut i32) -> CuResult> = lib
+            .get(b"cuDriverGetVersion\0")
+            .map_err(|e| e.to_string())?;
         let count: Symbol<unsafe extern "C" fn(*mut i32) -> CuResult> =
             lib.get(b"cuDeviceGetCount\0").map_err(|e| e.to_string())?;
         let get: Symbol<unsafe extern "C" fn(*mut i32, i32) -> CuResult> =

@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub(crate) struct Doorbell {
     fd: OwnedFd,
     sleeping: AtomicBool,
+    /// The reactor waits for bounce slots to come back; slot returns must wake it.
+    starved: AtomicBool,
 }
 
 impl Doorbell {
@@ -26,6 +28,7 @@ impl Doorbell {
             // SAFETY: fd is a fresh descriptor we own.
             fd: unsafe { OwnedFd::from_raw_fd(fd) },
             sleeping: AtomicBool::new(false),
+            starved: AtomicBool::new(false),
         })
     }
 
@@ -37,6 +40,22 @@ impl Doorbell {
     pub(crate) fn ring(&self) {
         if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
             self.ring_always();
+        }
+    }
+
+    /// Like [`ring`](Self::ring), but only while the reactor is starved for bounce slots: slot
+    /// returns and cancellations need not wake a reactor that has nothing waiting on them
+    /// (it picks them up on its next turn), which saves a system call per small read.
+    pub(crate) fn ring_if_starved(&self) {
+        if self.starved.load(Ordering::SeqCst) {
+            self.ring();
+        }
+    }
+
+    /// Reactor side: whether work is waiting for slots to be given back.
+    pub(crate) fn set_starved(&self, on: bool) {
+        if self.starved.load(Ordering::Relaxed) != on {
+            self.starved.store(on, Ordering::SeqCst);
         }
     }
 

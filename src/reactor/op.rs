@@ -116,7 +116,7 @@ impl Transfer for NoTransfer {
 
 enum Stage {
     /// Not yet sent to the reactor (futures are lazy).
-    Unsent(Box<dyn FnOnce() -> Msg + Send>),
+    Unsent(Msg),
     /// Sent; waiting for pieces and the result.
     Running(Arc<OpShared>),
     /// Result returned to the caller.
@@ -140,34 +140,37 @@ impl<T: Transfer> OpFuture<T> {
         let op = req.op_kind();
         OpFuture {
             engine,
-            stage: Stage::Unsent(Box::new(move || {
-                Msg::Submit(SubmitMsg {
-                    shared: None,
-                    req: Some(req),
-                })
+            stage: Stage::Unsent(Msg::Submit(SubmitMsg {
+                shared: None,
+                req: Some(req),
             })),
             transfer,
             op,
         }
     }
 
-    /// A future for an arbitrary message that carries the op's `OpShared` (shutdown).
+    /// A future for a message that carries the op's `OpShared` (shutdown).
     pub(crate) fn with_message(
         engine: Arc<EngineShared>,
         op: OpKind,
         transfer: T,
-        make: impl FnOnce() -> Msg + Send + 'static,
+        msg: Msg,
     ) -> Self {
         OpFuture {
             engine,
-            stage: Stage::Unsent(Box::new(make)),
+            stage: Stage::Unsent(msg),
             transfer,
             op,
         }
     }
 
     /// A future that is already finished with `r` (validation failures, empty requests).
-    pub(crate) fn ready(engine: Arc<EngineShared>, op: OpKind, transfer: T, r: Result<u64>) -> Self {
+    pub(crate) fn ready(
+        engine: Arc<EngineShared>,
+        op: OpKind,
+        transfer: T,
+        r: Result<u64>,
+    ) -> Self {
         let shared = OpShared::new();
         shared.complete(r);
         OpFuture {
@@ -185,13 +188,12 @@ impl<T: Transfer> Future for OpFuture<T> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<u64>> {
         let this = &mut *self;
         if let Stage::Unsent(_) = this.stage {
-            let Stage::Unsent(make) = std::mem::replace(&mut this.stage, Stage::Done) else {
+            let Stage::Unsent(mut msg) = std::mem::replace(&mut this.stage, Stage::Done) else {
                 unreachable!()
             };
             let shared = OpShared::new();
             // Register the waker before the reactor can see the op.
             shared.lock().waker = Some(cx.waker().clone());
-            let mut msg = make();
             match &mut msg {
                 Msg::Submit(s) | Msg::Shutdown(s) => s.shared = Some(shared.clone()),
                 _ => {}

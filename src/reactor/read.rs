@@ -5,8 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
-use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
 use super::Msg;
+use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 

@@ -218,12 +218,18 @@ mod tests {
 
     #[test]
     fn overflow_is_an_error_not_a_panic() {
-        assert_eq!(ReadPlan::new(u64::MAX, 1, 1, 4096), Err(PlanError::Overflow));
+        assert_eq!(
+            ReadPlan::new(u64::MAX, 1, 1, 4096),
+            Err(PlanError::Overflow)
+        );
         assert_eq!(
             ReadPlan::new(MAX_POS - 10, 100, 4096, 4096),
             Err(PlanError::Overflow)
         );
-        assert_eq!(WritePlan::new(u64::MAX - 1, 5, 1, 4096), Err(PlanError::Overflow));
+        assert_eq!(
+            WritePlan::new(u64::MAX - 1, 5, 1, 4096),
+            Err(PlanError::Overflow)
+        );
         assert!(ReadPlan::new(0, 1, 3, 4096).is_err());
     }
 
@@ -241,7 +247,14 @@ mod tests {
         );
         // Inside one block: one buffered piece.
         let v = write_pieces(10, 20, 4096, 4096);
-        assert_eq!(v, vec![Piece { pos: 10, len: 20, via: Via::Buffered }]);
+        assert_eq!(
+            v,
+            vec![Piece {
+                pos: 10,
+                len: 20,
+                via: Via::Buffered
+            }]
+        );
         assert!(write_pieces(10, 0, 4096, 4096).is_empty());
     }
 

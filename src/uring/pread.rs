@@ -34,15 +34,27 @@ fn run_job(req: &IoRequest) -> i32 {
     // job, see `Job`), and `req.fd` stays open until the op completes (the op holds its file).
     let r = match req.kind {
         IoKind::Read => unsafe {
-            libc::pread(req.fd, req.buf.cast(), req.len as usize, req.pos as libc::off_t)
+            libc::pread(
+                req.fd,
+                req.buf.cast(),
+                req.len as usize,
+                req.pos as libc::off_t,
+            )
         },
         IoKind::Write => unsafe {
-            libc::pwrite(req.fd, req.buf.cast(), req.len as usize, req.pos as libc::off_t)
+            libc::pwrite(
+                req.fd,
+                req.buf.cast(),
+                req.len as usize,
+                req.pos as libc::off_t,
+            )
         },
         IoKind::Fsync => unsafe { libc::fsync(req.fd) as isize },
     };
     if r < 0 {
-        -io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+        -io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EIO)
     } else {
         r as i32
     }

@@ -67,7 +67,11 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
 
 /// Whether O_DIRECT works in `dir` (it does on ext4/xfs; tmpfs may refuse).
 pub fn direct_ok(engine: &Engine, path: &Path) -> bool {
-    match gpuio::OpenOptions::new().read(true).direct(true).open(engine, path) {
+    match gpuio::OpenOptions::new()
+        .read(true)
+        .direct(true)
+        .open(engine, path)
+    {
         Ok(_) => true,
         Err(e) => {
             eprintln!("SKIPPED O_DIRECT part of this test: {e}");
@@ -87,14 +91,24 @@ pub const CANARY: u8 = 0xC5;
 
 impl Canaried {
     pub fn new(len: usize, guard: usize) -> Self {
-        Canaried { buf: vec![CANARY; len + 2 * guard], guard, len }
+        Canaried {
+            buf: vec![CANARY; len + 2 * guard],
+            guard,
+            len,
+        }
     }
     pub fn inner(&mut self) -> &mut [u8] {
         &mut self.buf[self.guard..self.guard + self.len]
     }
     pub fn check_guards(&self) {
         let g = self.guard;
-        assert!(self.buf[..g].iter().all(|&b| b == CANARY), "front canary overwritten");
-        assert!(self.buf[g + self.len..].iter().all(|&b| b == CANARY), "back canary overwritten");
+        assert!(
+            self.buf[..g].iter().all(|&b| b == CANARY),
+            "front canary overwritten"
+        );
+        assert!(
+            self.buf[g + self.len..].iter().all(|&b| b == CANARY),
+            "back canary overwritten"
+        );
     }
 }

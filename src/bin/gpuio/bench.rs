@@ -1,0 +1,289 @@
+//! `gpuio bench`: fio-like throughput and IOPS of the engine on one file.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use gpuio::{Backend, Engine, OpenOptions};
+
+use crate::CliResult;
+use crate::size::{ByteSize, fmt_bytes};
+
+/// Where data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Target {
+    /// Host memory.
+    Host,
+}
+
+impl Target {
+    pub fn check_supported(self) -> CliResult {
+        match self {
+            Target::Host => Ok(()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Rw {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pattern {
+    Seq,
+    Rand,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// File to use. Without it, a temporary file of --size is made (and removed). An existing
+    /// file is only ever read, unless --rw write is given.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// Bytes of the file to use.
+    #[arg(long, default_value = "1G")]
+    size: ByteSize,
+    /// Read or write.
+    #[arg(long, value_enum, default_value = "read")]
+    rw: Rw,
+    /// Sequential or random offsets (random ones are multiples of --bs).
+    #[arg(long, value_enum, default_value = "seq")]
+    pattern: Pattern,
+    /// Bytes per request.
+    #[arg(long, default_value = "1M")]
+    bs: ByteSize,
+    /// Requests in flight (concurrent futures).
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// O_DIRECT.
+    #[arg(long)]
+    direct: bool,
+    /// Destination (or source) memory.
+    #[arg(long, value_enum, default_value = "host")]
+    to: Target,
+    /// Backend.
+    #[arg(long, default_value = "auto")]
+    backend: Backend,
+    /// Engine chunk size (default: 4M, or --bs if larger).
+    #[arg(long)]
+    chunk: Option<ByteSize>,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+struct TaskStats {
+    bytes: u64,
+    ops: u64,
+    lat_us: Vec<u32>,
+}
+
+pub async fn run(a: BenchArgs) -> CliResult {
+    a.to.check_supported()?;
+    let bs = a.bs.0;
+    if bs == 0 || a.qd == 0 || !a.seconds.is_finite() || a.seconds <= 0.0 {
+        return Err("--bs, --qd and --seconds must be positive".into());
+    }
+    let chunk = a
+        .chunk
+        .map(|c| c.0)
+        .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)));
+    let pieces_per_req = bs.div_ceil(chunk).max(1) as usize;
+    let qd_engine = (a.qd * pieces_per_req).clamp(1, 4096);
+    // Room for every request in flight plus as much again awaiting copy-out.
+    let pool = (2 * a.qd as u64 * bs.max(4096)).max(128 << 20);
+    let slots = pool.div_ceil(chunk.next_power_of_two()).clamp(4, 65535) as usize;
+    let engine = Engine::builder()
+        .backend(a.backend)
+        .chunk_size(chunk as usize)
+        .queue_depth(qd_engine)
+        .bounce_slots(slots)
+        .build()?;
+
+    // The file: given, or a temporary one we fill first.
+    let _tmp;
+    let path = match &a.file {
+        Some(p) => p.clone(),
+        None => {
+            let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
+            let p = t.path().to_path_buf();
+            _tmp = t;
+            if a.rw == Rw::Read {
+                fill(&engine, &p, a.size.0).await?;
+            }
+            p
+        }
+    };
+    let file = match a.rw {
+        Rw::Read => OpenOptions::new()
+            .read(true)
+            .direct(a.direct)
+            .open(&engine, &path)?,
+        Rw::Write => OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .direct(a.direct)
+            .open(&engine, &path)?,
+    };
+    let span = match a.rw {
+        Rw::Read => {
+            let len = file.len()?;
+            if a.file.is_some() {
+                len.min(a.size.0)
+            } else {
+                len
+            }
+        }
+        Rw::Write => a.size.0,
+    };
+    if span < bs {
+        return Err(format!("file span {span} is smaller than --bs {bs}").into());
+    }
+    let slots_in_span = span / bs;
+    let file = Arc::new(file);
+    let cursor = Arc::new(AtomicU64::new(0));
+    let bytes_done = Arc::new(AtomicU64::new(0));
+    let deadline = Duration::from_secs_f64(a.seconds);
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+    );
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(a.qd);
+    for t in 0..a.qd {
+        let (file, cursor, bytes_done) = (file.clone(), cursor.clone(), bytes_done.clone());
+        let (rw, pattern) = (a.rw, a.pattern);
+        tasks.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 ^ t as u64);
+            let mut buf = vec![0xA5u8; bs as usize];
+            let mut st = TaskStats {
+                bytes: 0,
+                ops: 0,
+                lat_us: Vec::new(),
+            };
+            while start.elapsed() < deadline {
+                let slot = match pattern {
+                    Pattern::Seq => cursor.fetch_add(1, Ordering::Relaxed) % slots_in_span,
+                    Pattern::Rand => rng.u64(0..slots_in_span),
+                };
+                let off = slot * bs;
+                let t0 = Instant::now();
+                let n = match rw {
+                    Rw::Read => file.read_into(&mut buf, off).await?,
+                    Rw::Write => file.write_from(&buf, off).await?,
+                };
+                st.lat_us
+                    .push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                st.bytes += n as u64;
+                st.ops += 1;
+                bytes_done.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Ok::<TaskStats, gpuio::Error>(st)
+        }));
+    }
+    let ticker = {
+        let pb = pb.clone();
+        let bytes_done = bytes_done.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let s = start.elapsed().as_secs_f64();
+                pb.set_message(format!(
+                    "{:.1}s {} {:.2} GB/s",
+                    s,
+                    fmt_bytes(bytes_done.load(Ordering::Relaxed)),
+                    bytes_done.load(Ordering::Relaxed) as f64 / s / 1e9
+                ));
+                pb.tick();
+            }
+        })
+    };
+    let mut all = TaskStats {
+        bytes: 0,
+        ops: 0,
+        lat_us: Vec::new(),
+    };
+    for t in tasks {
+        let st = t.await??;
+        all.bytes += st.bytes;
+        all.ops += st.ops;
+        all.lat_us.extend(st.lat_us);
+    }
+    if a.rw == Rw::Write {
+        file.sync_all().await?;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    ticker.abort();
+    pb.finish_and_clear();
+    all.lat_us.sort_unstable();
+    let pct = |p: f64| -> u32 {
+        if all.lat_us.is_empty() {
+            return 0;
+        }
+        all.lat_us[((all.lat_us.len() - 1) as f64 * p).round() as usize]
+    };
+    let gbps = all.bytes as f64 / secs / 1e9;
+    let iops = all.ops as f64 / secs;
+    let backend = engine.backend().name;
+    println!(
+        "{} {:?} {:?} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
+         lat p50 {} us p99 {} us, backend {backend}",
+        if a.direct { "O_DIRECT" } else { "buffered" },
+        a.pattern,
+        a.rw,
+        fmt_bytes(bs),
+        a.qd,
+        path.display(),
+        fmt_bytes(all.bytes),
+        pct(0.5),
+        pct(0.99),
+    );
+    if a.json {
+        let v = serde_json::json!({
+            "bytes": all.bytes,
+            "seconds": secs,
+            "gbps": gbps,
+            "iops": iops,
+            "backend": backend,
+            "backend_detail": engine.backend().detail,
+            "rw": format!("{:?}", a.rw).to_lowercase(),
+            "pattern": format!("{:?}", a.pattern).to_lowercase(),
+            "bs": bs,
+            "qd": a.qd,
+            "direct": a.direct,
+            "to": "host",
+            "ops": all.ops,
+            "lat_p50_us": pct(0.5),
+            "lat_p99_us": pct(0.99),
+            "file": path.display().to_string(),
+        });
+        println!("{v}");
+    }
+    Ok(())
+}
+
+/// Fills a fresh file with `size` pseudo-random bytes through the engine.
+async fn fill(engine: &Engine, path: &std::path::Path, size: u64) -> CliResult {
+    let f = engine.create(path)?;
+    const BLOCK: u64 = 8 << 20;
+    let mut rng = fastrand::Rng::with_seed(1);
+    let mut buf = vec![0u8; BLOCK as usize];
+    rng.fill(&mut buf);
+    let mut off = 0;
+    while off < size {
+        let n = BLOCK.min(size - off) as usize;
+        f.write_from(&buf[..n], off).await?;
+        off += n as u64;
+    }
+    f.sync_all().await?;
+    Ok(())
+}

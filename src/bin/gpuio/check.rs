@@ -1,0 +1,105 @@
+//! `gpuio check`: what this machine offers, and why.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use gpuio::{Engine, OpenOptions};
+
+use crate::CliResult;
+
+fn memlock() -> String {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one struct through a valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return "unknown".into();
+    }
+    if r.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        crate::size::fmt_bytes(r.rlim_cur)
+    }
+}
+
+pub fn run(path: Option<PathBuf>) -> CliResult {
+    println!("gpuio {}", env!("CARGO_PKG_VERSION"));
+
+    let u = gpuio::uring::probe();
+    match u.flags {
+        Some(f) => println!("io_uring: available, setup flags {f}"),
+        None => println!("io_uring: UNAVAILABLE"),
+    }
+    if let Some(d) = &u.disabled_sysctl {
+        println!("  kernel.io_uring_disabled = {d}");
+    }
+    for n in &u.notes {
+        println!("  {n}");
+    }
+    println!(
+        "  RLIMIT_MEMLOCK (bounds fixed-buffer registration): {}",
+        memlock()
+    );
+
+    match Engine::builder().bounce_slots(1).build() {
+        Ok(e) => println!("engine with default backend: {}", e.backend().detail),
+        Err(e) => println!("engine with default backend: FAILED: {e}"),
+    }
+
+    let path = path.unwrap_or_else(|| PathBuf::from("."));
+    report_path(&path)?;
+
+    let c = gpuio::cuda::probe();
+    match (&c.error, c.devices.is_empty()) {
+        (None, false) => {
+            println!(
+                "CUDA: driver {} ({}), {} device(s)",
+                c.driver_version.as_deref().unwrap_or("?"),
+                c.library.as_deref().unwrap_or("?"),
+                c.devices.len()
+            );
+            for (i, d) in c.devices.iter().enumerate() {
+                println!("  gpu:{i} {d}");
+            }
+        }
+        (err, _) => println!(
+            "CUDA: not usable: {} (host-memory paths work; device destinations need a GPU)",
+            err.as_deref().unwrap_or("no devices")
+        ),
+    }
+    Ok(())
+}
+
+fn report_path(path: &std::path::Path) -> CliResult {
+    let meta = std::fs::metadata(path)?;
+    // Direct-I/O alignment is reported for regular files: probe a scratch file in a directory.
+    let (probe_path, _scratch) = if meta.is_dir() {
+        let t = tempfile::Builder::new()
+            .prefix(".gpuio-check")
+            .tempfile_in(path)?;
+        (t.path().to_path_buf(), Some(t))
+    } else {
+        (path.to_path_buf(), None)
+    };
+    let f = std::fs::File::open(&probe_path)?;
+    let fs = gpuio::uring::align::filesystem_name(f.as_fd())?;
+    println!("path {}: filesystem {fs}", path.display());
+    match gpuio::uring::align::query(f.as_fd())? {
+        Some(a) => println!(
+            "  O_DIRECT alignment: memory {} B, offset {} B ({})",
+            a.memory, a.offset, a.source
+        ),
+        None => println!("  O_DIRECT: the filesystem reports no direct-I/O support"),
+    }
+    let engine = Engine::builder().bounce_slots(1).build()?;
+    match OpenOptions::new()
+        .read(true)
+        .direct(true)
+        .open(&engine, &probe_path)
+    {
+        Ok(_) => println!("  O_DIRECT open: ok (gpuio aligns any offset and length for you)"),
+        Err(e) => println!("  O_DIRECT open: refused: {e}"),
+    }
+    Ok(())
+}
