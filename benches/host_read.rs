@@ -6,11 +6,12 @@
 //! `scripts/compare-fio.sh` measure O_DIRECT against the device.
 
 use std::os::unix::fs::FileExt;
+use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use futures::StreamExt;
 
 const FILE_LEN: usize = 64 << 20;
 
@@ -53,74 +54,80 @@ fn bench(c: &mut Criterion) {
 
     for &(bs, qd) in &[(4096usize, 64usize), (65536, 16), (1 << 20, 8)] {
         let param = format!("bs{}k-qd{qd}", bs / 1024);
-        let offs = offsets(bs);
+        let offs = Arc::new(offsets(bs));
+        // Every peer runs `qd` workers, each reusing one buffer and taking the next offset from
+        // a shared counter, so the comparison measures I/O paths, not allocation and page faults.
         for (name, engine) in &engines {
             let file = Arc::new(engine.open(&path).expect("open"));
             g.bench_with_input(BenchmarkId::new(*name, &param), &offs, |b, offs| {
                 b.to_async(&rt).iter(|| {
-                    let file = file.clone();
-                    async move {
-                        futures::stream::iter(offs.iter().copied())
-                            .map(|o| {
-                                let file = file.clone();
-                                async move {
-                                    let mut buf = vec![0u8; bs];
-                                    file.read_into(&mut buf, o).await.expect("read")
-                                }
-                            })
-                            .buffer_unordered(qd)
-                            .count()
-                            .await
-                    }
+                    let next = Arc::new(AtomicUsize::new(0));
+                    futures::future::join_all((0..qd).map(|_| {
+                        let (file, offs, next) = (file.clone(), offs.clone(), next.clone());
+                        async move {
+                            let mut buf = vec![0u8; bs];
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(&o) = offs.get(i) else { break };
+                                file.read_into(&mut buf, o).await.expect("read");
+                            }
+                        }
+                    }))
                 })
             });
         }
         g.bench_with_input(BenchmarkId::new("tokio-fs", &param), &offs, |b, offs| {
             b.to_async(&rt).iter(|| {
-                let path = path.clone();
-                async move {
-                    use tokio::io::{AsyncReadExt, AsyncSeekExt};
-                    futures::stream::iter(offs.iter().copied())
-                        .map(|o| {
-                            let path = path.clone();
-                            async move {
-                                let mut f = tokio::fs::File::open(&path).await.expect("open");
-                                f.seek(std::io::SeekFrom::Start(o)).await.expect("seek");
-                                let mut buf = vec![0u8; bs];
-                                f.read_exact(&mut buf).await.expect("read")
-                            }
-                        })
-                        .buffer_unordered(qd)
-                        .count()
-                        .await
-                }
+                let next = Arc::new(AtomicUsize::new(0));
+                futures::future::join_all((0..qd).map(|_| {
+                    let (path, offs, next) = (path.clone(), offs.clone(), next.clone());
+                    async move {
+                        use tokio::io::{AsyncReadExt, AsyncSeekExt};
+                        let mut f = tokio::fs::File::open(&path).await.expect("open");
+                        let mut buf = vec![0u8; bs];
+                        loop {
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some(&o) = offs.get(i) else { break };
+                            f.seek(std::io::SeekFrom::Start(o)).await.expect("seek");
+                            f.read_exact(&mut buf).await.expect("read");
+                        }
+                    }
+                }))
             })
         });
-        g.bench_with_input(BenchmarkId::new("std-pread", &param), &offs, |b, offs| {
-            let f = std::fs::File::open(&path).expect("open");
-            let mut buf = vec![0u8; bs];
-            b.iter(|| {
-                for &o in offs {
-                    f.read_exact_at(&mut buf, o).expect("read");
-                }
-            })
-        });
+        g.bench_with_input(
+            BenchmarkId::new("std-pread-1thread", &param),
+            &offs,
+            |b, offs| {
+                let f = std::fs::File::open(&path).expect("open");
+                let mut buf = vec![0u8; bs];
+                b.iter(|| {
+                    for &o in offs.iter() {
+                        f.read_exact_at(&mut buf, o).expect("read");
+                    }
+                })
+            },
+        );
         g.bench_with_input(BenchmarkId::new("tokio-uring", &param), &offs, |b, offs| {
             b.iter(|| {
                 tokio_uring::start(async {
-                    let f =
-                        std::rc::Rc::new(tokio_uring::fs::File::open(&path).await.expect("open"));
-                    futures::stream::iter(offs.iter().copied())
-                        .map(|o| {
-                            let f = f.clone();
-                            async move {
-                                let (r, _buf) = f.read_at(vec![0u8; bs], o).await;
-                                r.expect("read")
+                    let f = Rc::new(tokio_uring::fs::File::open(&path).await.expect("open"));
+                    let next = Rc::new(std::cell::Cell::new(0usize));
+                    futures::future::join_all((0..qd).map(|_| {
+                        let (f, offs, next) = (f.clone(), offs.clone(), next.clone());
+                        async move {
+                            let mut buf = vec![0u8; bs];
+                            loop {
+                                let i = next.get();
+                                next.set(i + 1);
+                                let Some(&o) = offs.get(i) else { break };
+                                let (r, b) = f.read_at(buf, o).await;
+                                r.expect("read");
+                                buf = b;
                             }
-                        })
-                        .buffer_unordered(qd)
-                        .count()
-                        .await
+                        }
+                    }))
+                    .await
                 })
             })
         });

@@ -301,6 +301,19 @@ impl Engine {
         self.inner.bounce_bytes
     }
 
+    /// Whether the bounce pool is page-locked with CUDA (it is pinned on the first device
+    /// transfer; `false` before that, on machines without CUDA, or where the driver refused).
+    pub fn bounce_pool_pinned(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.shared.arena.is_pinned()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
+    }
+
     /// Whether the reactor has stopped (after shutdown, or because it died).
     pub fn is_shut_down(&self) -> bool {
         self.inner.shared.dead.load(Ordering::SeqCst)

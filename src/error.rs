@@ -146,6 +146,14 @@ pub enum Error {
         /// Where.
         ctx: Box<Context>,
     },
+    /// A CUDA driver call failed.
+    #[error("{ctx}: CUDA: {reason}")]
+    Cuda {
+        /// Where.
+        ctx: Box<Context>,
+        /// The driver's error.
+        reason: String,
+    },
     /// The reactor thread died (panicked); the engine is unusable.
     #[error("{ctx}: the reactor thread died: {reason}")]
     ReactorDied {
@@ -183,6 +191,19 @@ impl Error {
         }
     }
 
+    /// An error from the CUDA driver.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn cuda(ctx: Context, e: cudarc::driver::DriverError) -> Self {
+        Error::cuda_msg(ctx, format!("{e:?}"))
+    }
+
+    pub(crate) fn cuda_msg(ctx: Context, reason: impl Into<String>) -> Self {
+        Error::Cuda {
+            ctx: Box::new(ctx),
+            reason: reason.into(),
+        }
+    }
+
     pub(crate) fn shutdown(ctx: Context) -> Self {
         Error::Shutdown { ctx: Box::new(ctx) }
     }
@@ -195,6 +216,7 @@ impl Error {
             | Error::UnexpectedEof { ctx, .. }
             | Error::Unsupported { ctx, .. }
             | Error::Shutdown { ctx }
+            | Error::Cuda { ctx, .. }
             | Error::ReactorDied { ctx, .. } => ctx,
         }
     }
@@ -215,6 +237,7 @@ impl Error {
             Error::UnexpectedEof { .. } => io::ErrorKind::UnexpectedEof,
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::Shutdown { .. } | Error::ReactorDied { .. } => io::ErrorKind::BrokenPipe,
+            Error::Cuda { .. } => io::ErrorKind::Other,
         }
     }
 }

@@ -6,13 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::buf::arena::MIN_SLOT;
-use crate::buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
+use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::reactor::OpRequest;
 use crate::reactor::op::{NoTransfer, OpFuture};
-use crate::reactor::read::{HostCopyOut, ReadInto};
-use crate::reactor::write::{HostFill, WriteFrom};
+use crate::reactor::read::{CopyOut, HostCopyOut, ReadInto};
+use crate::reactor::write::{Fill, HostFill, WriteFrom};
 use crate::uring::align::{self, DirectAlignment};
 use crate::uring::plan::MAX_POS;
 
@@ -300,10 +300,19 @@ impl File {
         dst: &'a mut D,
         offset: u64,
     ) -> ReadInto<'a> {
-        let dst = dst.host_bytes_mut();
-        let len = dst.len();
+        let target = dst.target();
+        let len = target.len();
         let shared = self.engine.shared().clone();
-        let transfer = HostCopyOut { dst, offset };
+        let transfer = match target {
+            ReadTarget::Host(dst) => CopyOut::Host(HostCopyOut { dst, offset }),
+            #[cfg(feature = "cuda")]
+            ReadTarget::Device(dst) => CopyOut::Device(crate::cuda::copy::DeviceCopyOut {
+                dst,
+                offset,
+                stream: None,
+                error: None,
+            }),
+        };
         let early = match self.check(OpKind::Read, offset, len) {
             Err(e) => Some(Err(e)),
             Ok(()) if len == 0 => Some(Ok(0)),
@@ -326,7 +335,7 @@ impl File {
 
     /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`].
     pub async fn read_exact_at<D: ReadDst + ?Sized>(&self, dst: &mut D, offset: u64) -> Result<()> {
-        let wanted = dst.host_bytes_mut().len() as u64;
+        let wanted = dst.target().len() as u64;
         let got = self.read_into(dst, offset).await? as u64;
         if got < wanted {
             return Err(Error::UnexpectedEof {
@@ -345,10 +354,19 @@ impl File {
         src: &'a S,
         offset: u64,
     ) -> WriteFrom<'a> {
-        let src = src.host_bytes();
-        let len = src.len();
+        let source = src.source();
+        let len = source.len();
         let shared = self.engine.shared().clone();
-        let transfer = HostFill { src, offset };
+        let transfer = match source {
+            WriteSource::Host(src) => Fill::Host(HostFill { src, offset }),
+            #[cfg(feature = "cuda")]
+            WriteSource::Device(src) => Fill::Device(crate::cuda::copy::DeviceFill {
+                src,
+                offset,
+                stream: None,
+                error: None,
+            }),
+        };
         let early = match self.check(OpKind::Write, offset, len) {
             Err(e) => Some(Err(e)),
             Ok(()) if len == 0 => Some(Ok(0)),

@@ -18,7 +18,7 @@ async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn open_errors_name_the_cause() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     for (name, engine) in engines() {
         let missing = engine.open(dir.path().join("nope")).unwrap_err();
         assert_eq!(
@@ -81,12 +81,10 @@ fn clear_immutable(path: &std::path::Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_permission() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "ro", 100, 1);
     if !make_unwritable(&path) {
-        eprintln!(
-            "SKIPPED no_permission: cannot make a file unwritable here (no immutable flag support)"
-        );
+        skipped("no_permission: cannot make a file unwritable here (no immutable flag support)");
         return;
     }
     let engine = gpuio::Engine::builder()
@@ -108,7 +106,7 @@ async fn no_permission() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_access_and_overflow() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", 10_000, 1);
     for (name, engine) in engines() {
         let wo = OpenOptions::new().write(true).open(&engine, &path).unwrap();
@@ -134,7 +132,7 @@ async fn wrong_access_and_overflow() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_shut_down() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", 10_000, 1);
     for (name, engine) in engines() {
         let f = OpenOptions::new()
@@ -172,7 +170,7 @@ fn bad_engine_settings() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_with_io_in_flight_fails_it_cleanly() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", 8 << 20, 1);
     for (name, engine) in engines() {
         let f = engine.open(&path).unwrap();

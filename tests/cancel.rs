@@ -40,7 +40,7 @@ fn engines_for_cancel() -> Vec<(&'static str, Engine)> {
                 },
                 e,
             )),
-            Err(e) => eprintln!("SKIPPED {b:?} in cancel tests: {e}"),
+            Err(e) => skipped(format!("{b:?} in cancel tests: {e}")),
         }
     }
     v
@@ -57,7 +57,7 @@ async fn drain(engine: &Engine, path: &std::path::Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_read_never_writes_destination_again() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", LEN, 1);
     for (name, engine) in engines_for_cancel() {
         for direct in [false, true] {
@@ -95,7 +95,7 @@ async fn dropped_read_never_writes_destination_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leaked_read_never_writes_destination_again() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", LEN, 2);
     for (name, engine) in engines_for_cancel() {
         let f = engine.open(&path).unwrap();
@@ -126,7 +126,7 @@ async fn leaked_read_never_writes_destination_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_and_leaked_writes_never_read_source_again() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (full, _) = test_file(dir.path(), "full", LEN, 4);
     for (name, engine) in engines_for_cancel() {
         for leak in [false, true] {
@@ -163,7 +163,7 @@ async fn dropped_and_leaked_writes_never_read_source_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_leaks_do_not_wedge_the_engine() {
     // A leaked op holds at most its window of slots; other ops still get through on the rest.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "d", 1 << 20, 3);
     for (name, engine) in engines_for_cancel() {
         let f = engine.open(&path).unwrap();

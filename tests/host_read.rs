@@ -10,7 +10,7 @@ const FILE_LEN: usize = 6 * 1024 * 1024 + 1234;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_ranges_match_pread() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "data", FILE_LEN, 1);
     for (name, engine) in engines() {
         let mut files = vec![("buffered", engine.open(&path).unwrap())];
@@ -55,7 +55,7 @@ async fn random_ranges_match_pread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_sizes() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 2);
     let size = FILE_LEN as u64;
     for (name, engine) in engines() {
@@ -113,7 +113,7 @@ async fn edge_sizes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destination_types_and_owned_buffers() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", 100_000, 3);
     for (_, engine) in engines() {
         let f = engine.open(&path).unwrap();
@@ -166,7 +166,7 @@ async fn concurrent_reads(
 
 #[test]
 fn concurrent_reads_multi_thread_runtime() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 4);
     let data = std::sync::Arc::new(data);
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -180,7 +180,7 @@ fn concurrent_reads_multi_thread_runtime() {
 
 #[test]
 fn concurrent_reads_current_thread_runtime() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 5);
     let data = std::sync::Arc::new(data);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -194,7 +194,7 @@ fn concurrent_reads_current_thread_runtime() {
 #[test]
 fn works_without_tokio() {
     // Runtime-agnostic: the futures executor drives the same futures.
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", 1 << 20, 6);
     for (_, engine) in engines() {
         let f = engine.open(&path).unwrap();

@@ -7,7 +7,7 @@ use gpuio::OpenOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_writes_match_a_model() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     for (name, engine) in engines() {
         for direct in [false, true] {
             let path = dir.path().join(format!("w-{name}-{direct}"));
@@ -63,7 +63,7 @@ async fn random_writes_match_a_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_write_and_create_truncate() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     for (name, engine) in engines() {
         let path = dir.path().join(format!("o-{name}"));
         std::fs::write(&path, vec![1u8; 50_000]).unwrap();
@@ -84,7 +84,7 @@ async fn owned_write_and_create_truncate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_disjoint_writes() {
-    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let dir = tmpdir();
     for (name, engine) in engines() {
         let path = dir.path().join(format!("c-{name}"));
         let f = std::sync::Arc::new(engine.create(&path).unwrap());

@@ -23,6 +23,9 @@ pub(crate) struct BounceArena {
     base: NonNull<u8>,
     len: usize,
     block_size: usize,
+    /// CUDA page-locking of the whole mapping, done on first use by a device transfer.
+    #[cfg(feature = "cuda")]
+    pinned: std::sync::OnceLock<Result<crate::cuda::pinned::PinnedRegion, String>>,
 }
 
 // SAFETY: the arena is plain memory; who may touch which bytes is decided by slot ownership
@@ -62,7 +65,33 @@ impl BounceArena {
             base,
             len,
             block_size,
+            #[cfg(feature = "cuda")]
+            pinned: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Page-locks the arena with CUDA (once per arena; portable across contexts). Returns
+    /// whether it is pinned; where the driver refuses, copies still work from pageable memory,
+    /// only slower, and the reason is logged once.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn ensure_pinned(&self, ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> bool {
+        self.pinned
+            .get_or_init(|| {
+                // SAFETY: the mapping stays mapped until Drop, which unregisters first.
+                let r = unsafe { crate::cuda::pinned::PinnedRegion::register(ctx, self.base.as_ptr(), self.len) };
+                match &r {
+                    Ok(_) => tracing::debug!(bytes = self.len, "bounce pool pinned with CUDA"),
+                    Err(e) => tracing::warn!(reason = %e, "bounce pool not pinned; device copies will be slower"),
+                }
+                r
+            })
+            .is_ok()
+    }
+
+    /// Whether the arena is page-locked with CUDA.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn is_pinned(&self) -> bool {
+        matches!(self.pinned.get(), Some(Ok(_)))
     }
 
     /// Size of one block (the largest slot).
@@ -129,6 +158,9 @@ impl BounceArena {
 
 impl Drop for BounceArena {
     fn drop(&mut self) {
+        // Unregister from CUDA before the memory goes away.
+        #[cfg(feature = "cuda")]
+        drop(self.pinned.take());
         // SAFETY: base/len are exactly what mmap returned; the last Arc is gone, so no slot
         // (and no in-flight I/O: the reactor drains or leaks the arena) refers to it.
         unsafe {

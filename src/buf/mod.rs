@@ -10,25 +10,71 @@ pub(crate) mod arena;
 
 use bytes::{Bytes, BytesMut};
 
-mod sealed {
+pub(crate) mod sealed {
     pub trait Sealed {}
+}
+
+/// Where a read's bytes go (implementation detail of [`ReadDst`]).
+#[doc(hidden)]
+pub enum ReadTarget<'a> {
+    /// Host memory.
+    Host(&'a mut [u8]),
+    /// Device memory.
+    #[cfg(feature = "cuda")]
+    Device(&'a mut dyn crate::cuda::DeviceDst),
+}
+
+impl ReadTarget<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ReadTarget::Host(b) => b.len(),
+            #[cfg(feature = "cuda")]
+            ReadTarget::Device(d) => d.byte_len(),
+        }
+    }
+}
+
+/// Where a write's bytes come from (implementation detail of [`WriteSrc`]).
+#[doc(hidden)]
+pub enum WriteSource<'a> {
+    /// Host memory.
+    Host(&'a [u8]),
+    /// Device memory.
+    #[cfg(feature = "cuda")]
+    Device(&'a dyn crate::cuda::DeviceSrc),
+}
+
+impl WriteSource<'_> {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            WriteSource::Host(b) => b.len(),
+            #[cfg(feature = "cuda")]
+            WriteSource::Device(d) => d.byte_len(),
+        }
+    }
 }
 
 /// A destination `File::read_into` can fill: its whole current length is the request.
 ///
-/// Implemented for `[u8]`, `[u8; N]`, `Vec<u8>` and `BytesMut` (their initialized length, like
-/// a slice). Sealed: the set grows with device memory types.
+/// Host: `[u8]`, `[u8; N]`, `Vec<u8>` and `BytesMut` (their initialized length, like a slice).
+/// Device (feature `cuda`): cudarc's `CudaSlice<T>` and `CudaViewMut<T>` for any [`Pod`]
+/// element type, viewed as bytes. Sealed.
+///
+/// [`Pod`]: crate::cuda::Pod
 pub trait ReadDst: sealed::Sealed + Send {
-    /// The bytes to fill.
+    /// Where the bytes go.
     #[doc(hidden)]
-    fn host_bytes_mut(&mut self) -> &mut [u8];
+    fn target(&mut self) -> ReadTarget<'_>;
 }
 
 /// A source `File::write_from` can write: its whole current length is the request.
+///
+/// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `Bytes`, `BytesMut`, `str`, `String`. Device (feature
+/// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`. Sealed.
 pub trait WriteSrc: sealed::Sealed + Sync {
-    /// The bytes to write.
+    /// Where the bytes come from.
     #[doc(hidden)]
-    fn host_bytes(&self) -> &[u8];
+    fn source(&self) -> WriteSource<'_>;
 }
 
 impl sealed::Sealed for [u8] {}
@@ -40,59 +86,59 @@ impl sealed::Sealed for str {}
 impl sealed::Sealed for String {}
 
 impl ReadDst for [u8] {
-    fn host_bytes_mut(&mut self) -> &mut [u8] {
-        self
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Host(self)
     }
 }
 impl<const N: usize> ReadDst for [u8; N] {
-    fn host_bytes_mut(&mut self) -> &mut [u8] {
-        self
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Host(self)
     }
 }
 impl ReadDst for Vec<u8> {
-    fn host_bytes_mut(&mut self) -> &mut [u8] {
-        self
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Host(self)
     }
 }
 impl ReadDst for BytesMut {
-    fn host_bytes_mut(&mut self) -> &mut [u8] {
-        self
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Host(self)
     }
 }
 
 impl WriteSrc for [u8] {
-    fn host_bytes(&self) -> &[u8] {
-        self
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self)
     }
 }
 impl<const N: usize> WriteSrc for [u8; N] {
-    fn host_bytes(&self) -> &[u8] {
-        self
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self)
     }
 }
 impl WriteSrc for Vec<u8> {
-    fn host_bytes(&self) -> &[u8] {
-        self
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self)
     }
 }
 impl WriteSrc for BytesMut {
-    fn host_bytes(&self) -> &[u8] {
-        self
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self)
     }
 }
 impl WriteSrc for Bytes {
-    fn host_bytes(&self) -> &[u8] {
-        self
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self)
     }
 }
 impl WriteSrc for str {
-    fn host_bytes(&self) -> &[u8] {
-        self.as_bytes()
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self.as_bytes())
     }
 }
 impl WriteSrc for String {
-    fn host_bytes(&self) -> &[u8] {
-        self.as_bytes()
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Host(self.as_bytes())
     }
 }
 

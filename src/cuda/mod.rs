@@ -1,12 +1,82 @@
-//! CUDA, probed at run time. gpuio builds and its host paths run on machines without a GPU or
-//! CUDA libraries; this module finds out what is there without ever panicking (cudarc's own
-//! loader panics when a library is missing, so nothing calls it before this probe says yes).
+//! CUDA, probed at run time, and device memory as read destinations and write sources.
+//!
+//! gpuio builds and its host paths run on machines without a GPU or CUDA libraries. cudarc's
+//! loader panics when a library is missing, so nothing here touches cudarc before
+//! [`probe`] has found the driver: [`context`] returns [`Error::Unsupported`] instead.
+//!
+//! # Device destinations: the soundness argument
+//! A read into device memory lands in reactor-owned bounce slots first (pinned with
+//! `cuMemHostRegister` where the driver allows). The future's own `poll` then issues
+//! `cuMemcpyHtoDAsync` from the slot into the destination **on the destination's stream** (or
+//! the stream given with [`ReadInto::on_stream`](crate::ReadInto::on_stream)), and right after
+//! issuing records cudarc's write event for that memory, so cudarc orders every later use of
+//! it, on any stream, after the copies. Hence:
+//! - the copy engine writes the destination only through copies already queued on a stream
+//!   before `poll` returned; a dropped or `mem::forget`-ten future issues no more;
+//! - freeing the destination (`CudaSlice` drop) or reusing it through cudarc is stream-ordered
+//!   after those copies, so the copy engine never writes memory the caller got back;
+//! - the reactor recycles a slot only after a CUDA event recorded behind its copy has
+//!   completed, polled without blocking; if a context dies with copies queued, their slots (and
+//!   the pool) are leaked rather than reused.
+//!
+//! Writes from device memory run the same way in reverse: `cuMemcpyDtoHAsync` into a slot
+//! (recording cudarc's read event on the source), and the reactor writes the slot to the file
+//! once the copy's event has completed.
 
 mod sys;
 
 pub use sys::CudaProbe;
 
+#[cfg(feature = "cuda")]
+pub(crate) mod copy;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+pub(crate) mod pinned;
+
+#[cfg(feature = "cuda")]
+pub use cudarc;
+#[cfg(feature = "cuda")]
+pub use device::{DeviceDst, DeviceSrc, Pod};
+
 /// Looks for the CUDA driver library and asks it for its version and devices.
 pub fn probe() -> CudaProbe {
     sys::probe()
+}
+
+#[cfg(feature = "cuda")]
+fn cached_probe() -> &'static CudaProbe {
+    static PROBE: std::sync::OnceLock<CudaProbe> = std::sync::OnceLock::new();
+    PROBE.get_or_init(sys::probe)
+}
+
+/// The CUDA context of device `ordinal`, or [`Error::Unsupported`] (never a panic) where no
+/// usable driver or device exists.
+#[cfg(feature = "cuda")]
+pub fn context(ordinal: usize) -> crate::Result<std::sync::Arc<cudarc::driver::CudaContext>> {
+    use crate::error::{Context, Error, OpKind};
+    let ctx = || Context::op(OpKind::Setup).with_backend("cuda");
+    let p = cached_probe();
+    if let Some(e) = &p.error {
+        return Err(Error::unsupported(ctx(), e.clone()));
+    }
+    if ordinal >= p.devices.len() {
+        return Err(Error::unsupported(
+            ctx(),
+            format!("no GPU {ordinal}: this machine has {}", p.devices.len()),
+        ));
+    }
+    cudarc::driver::CudaContext::new(ordinal).map_err(|e| Error::cuda(ctx(), e))
+}
+
+/// Whether a usable CUDA device exists (cached; cheap after the first call).
+pub fn available() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        cached_probe().available()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
 }

@@ -79,8 +79,22 @@ impl Doorbell {
         self.sleeping.store(false, Ordering::SeqCst);
     }
 
-    /// Blocks until the eventfd is rung (used by the pread driver; io_uring reads it instead).
-    pub(crate) fn wait_blocking(&self) {
+    /// Blocks until the eventfd is rung or `timeout` passes (used by the pread driver; io_uring
+    /// reads the eventfd itself).
+    pub(crate) fn wait_blocking(&self, timeout: Option<std::time::Duration>) {
+        if let Some(t) = timeout {
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = t.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd for the duration of the call.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n <= 0 {
+                return;
+            }
+        }
         let mut v: u64 = 0;
         loop {
             // SAFETY: reads 8 bytes into a live u64 from our eventfd.

@@ -119,7 +119,32 @@ pub(crate) enum Msg {
     Cancel(Arc<OpShared>),
     /// Stop; complete the carried op (if any) when fully drained.
     Shutdown(SubmitMsg),
+    /// Act on the inner message once the gate opens (a CUDA copy has finished with the slots).
+    Gated(Box<dyn Gate>, Box<Msg>),
+    /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
+    /// account for them, never reuse their slots.
+    Abandon(Arc<OpShared>, Vec<ReadyPiece>),
 }
+
+/// Something the reactor polls, never waits on, before acting (a CUDA event).
+pub(crate) trait Gate: Send {
+    fn poll(&self) -> GateState;
+}
+
+/// What a [`Gate`] says.
+pub(crate) enum GateState {
+    /// Done: act on the message.
+    Open,
+    /// Not yet.
+    Closed,
+    /// It will never tell: leak what the message holds.
+    Broken(String),
+}
+
+/// How long shutdown waits for gated work (CUDA copies) before leaking it and exiting.
+const GATE_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
+/// How often the reactor looks at gates while any are closed.
+const GATE_POLL_INTERVAL: Duration = Duration::from_micros(100);
 
 /// The part of an engine every handle and future shares.
 pub(crate) struct EngineShared {
@@ -142,7 +167,7 @@ impl EngineShared {
     /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
     /// `SubmitMsg`'s `Drop`).
     pub(crate) fn send(&self, msg: Msg) {
-        let urgent = !matches!(msg, Msg::Release(..) | Msg::Cancel(..));
+        let urgent = !matches!(msg, Msg::Release(..) | Msg::Cancel(..) | Msg::Gated(..));
         let sent = {
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
             match tx.as_ref() {
@@ -265,6 +290,11 @@ pub(crate) struct Reactor {
     completions: Vec<Completion>,
     /// Completions were handed out since the last sleep decision.
     delivered: bool,
+    /// Messages waiting for their gate to open.
+    gated: Vec<(Box<dyn Gate>, Msg)>,
+    /// Some memory may still be touched by work we lost track of: never unmap the pool.
+    compromised: bool,
+    shutdown_started: Option<Instant>,
     engine: Arc<EngineShared>,
 }
 
@@ -295,6 +325,9 @@ impl Reactor {
             shutdown_waiters: Vec::new(),
             completions: Vec::new(),
             delivered: false,
+            gated: Vec::new(),
+            compromised: false,
+            shutdown_started: None,
             engine,
         }
     }
@@ -357,9 +390,13 @@ impl Reactor {
                     }
                 }
             }
+            self.poll_gates();
             self.schedule();
-            if self.shutting_down && self.ops.is_empty() && self.ios.is_empty() {
-                break;
+            if self.shutting_down {
+                self.enforce_shutdown_deadline();
+                if self.ops.is_empty() && self.ios.is_empty() && self.gated.is_empty() {
+                    break;
+                }
             }
             // Right after handing completions to futures, their next requests usually follow
             // within microseconds; waiting for them briefly here saves both sides a sleep and a
@@ -398,8 +435,9 @@ impl Reactor {
                     false
                 }
             };
+            let timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
             let driver = self.driver.as_mut().expect("driver present while running");
-            driver.wait(block, &mut self.completions)?;
+            driver.wait(block, timeout, &mut self.completions)?;
             self.doorbell.awake();
             let done = std::mem::take(&mut self.completions);
             self.delivered |= !done.is_empty();
@@ -415,7 +453,61 @@ impl Reactor {
         }
         // Dropping the driver closes the ring (or joins the pool) with nothing in flight.
         self.driver.take();
+        if self.compromised {
+            // A copy engine may still touch bounce memory: keep it mapped (and pinned) forever.
+            std::mem::forget(self.arena.clone());
+        }
         Ok(())
+    }
+
+    /// Acts on gated messages whose gate opened.
+    fn poll_gates(&mut self) {
+        if self.gated.is_empty() {
+            return;
+        }
+        let mut i = 0;
+        while i < self.gated.len() {
+            match self.gated[i].0.poll() {
+                GateState::Closed => i += 1,
+                GateState::Open => {
+                    let (_, msg) = self.gated.swap_remove(i);
+                    self.handle(msg);
+                }
+                GateState::Broken(reason) => {
+                    tracing::error!(%reason, "CUDA event failed; leaking its bounce slots");
+                    let (_, msg) = self.gated.swap_remove(i);
+                    self.abandon_msg(msg);
+                }
+            }
+        }
+    }
+
+    /// Accounts for the pieces in `msg` without ever reusing their slots.
+    fn abandon_msg(&mut self, msg: Msg) {
+        self.compromised = true;
+        match msg {
+            Msg::Filled(shared, pieces) | Msg::Abandon(shared, pieces) => {
+                self.handle(Msg::Abandon(shared, pieces));
+            }
+            Msg::Release(..) => {}
+            Msg::Gated(_, inner) => self.abandon_msg(*inner),
+            other => self.handle(other),
+        }
+    }
+
+    /// Shutdown must not hang on CUDA work that never finishes: past the deadline, leak it.
+    fn enforce_shutdown_deadline(&mut self) {
+        let started = *self.shutdown_started.get_or_insert_with(Instant::now);
+        if self.gated.is_empty() || started.elapsed() < GATE_SHUTDOWN_DEADLINE {
+            return;
+        }
+        tracing::error!(
+            pending = self.gated.len(),
+            "CUDA copies did not finish within the shutdown deadline; leaking the bounce pool"
+        );
+        for (_, msg) in std::mem::take(&mut self.gated) {
+            self.abandon_msg(msg);
+        }
     }
 
     fn begin_shutdown(&mut self) {
@@ -423,6 +515,7 @@ impl Reactor {
             return;
         }
         self.shutting_down = true;
+        self.shutdown_started = Some(Instant::now());
         let keys: Vec<usize> = self.ops.iter().map(|(k, _)| k).collect();
         for key in keys {
             let backend = self.backend;
@@ -513,6 +606,26 @@ impl Reactor {
                     self.reclaim(key);
                     self.maybe_finish(key);
                 }
+            }
+            Msg::Gated(gate, inner) => self.gated.push((gate, *inner)),
+            Msg::Abandon(shared, pieces) => {
+                self.compromised = true;
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    let op = &mut self.ops[key];
+                    for p in &pieces {
+                        op.held_bytes -= p.slot.size();
+                        if op.kind == OpKind::Write {
+                            op.busy -= 1;
+                        }
+                    }
+                    if op.error.is_none() {
+                        let ctx = op.ctx(op.offset, self.backend);
+                        op.error = Some(Error::cuda_msg(ctx, "device copy failed"));
+                    }
+                    self.maybe_finish(key);
+                }
+                // The slots themselves are never freed.
             }
             Msg::Shutdown(mut waiter) => {
                 self.shutdown_waiters.extend(waiter.shared.take());

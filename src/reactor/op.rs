@@ -96,6 +96,11 @@ pub(crate) trait Transfer: Send + Unpin {
         arena: &BounceArena,
         shared: &Arc<OpShared>,
     ) -> Option<Msg>;
+
+    /// An error the transfer hit (a failed device copy); the op then fails with it.
+    fn take_error(&mut self) -> Option<Error> {
+        None
+    }
 }
 
 /// Operations that move no data through slots (fsync, shutdown).
@@ -135,6 +140,11 @@ pub(crate) struct OpFuture<T: Transfer> {
 }
 
 impl<T: Transfer> OpFuture<T> {
+    /// The transfer, to adjust before the first poll.
+    pub(crate) fn transfer_mut(&mut self) -> &mut T {
+        &mut self.transfer
+    }
+
     /// A future for `req`, sent on first poll.
     pub(crate) fn new(engine: Arc<EngineShared>, req: OpRequest, transfer: T) -> Self {
         let op = req.op_kind();
@@ -232,6 +242,12 @@ impl<T: Transfer> Future for OpFuture<T> {
             if !pieces.is_empty() {
                 if let Some(msg) = this.transfer.transfer(pieces, &this.engine.arena, &shared) {
                     this.engine.send(msg);
+                }
+                if let Some(e) = this.transfer.take_error() {
+                    // Stop the op; whatever it still holds comes back through the reactor.
+                    this.engine.send(Msg::Cancel(shared.clone()));
+                    this.stage = Stage::Done;
+                    return Poll::Ready(Err(e));
                 }
             }
             if let Some(r) = result {

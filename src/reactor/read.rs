@@ -46,13 +46,60 @@ impl Transfer for HostCopyOut<'_> {
     }
 }
 
+/// Where read bytes go: host memory, or device memory through a copy engine.
+pub(crate) enum CopyOut<'a> {
+    Host(HostCopyOut<'a>),
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::copy::DeviceCopyOut<'a>),
+}
+
+impl Transfer for CopyOut<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        match self {
+            CopyOut::Host(t) => t.transfer(pieces, arena, shared),
+            #[cfg(feature = "cuda")]
+            CopyOut::Device(t) => t.transfer(pieces, arena, shared),
+        }
+    }
+
+    fn take_error(&mut self) -> Option<crate::Error> {
+        match self {
+            CopyOut::Host(t) => t.take_error(),
+            #[cfg(feature = "cuda")]
+            CopyOut::Device(t) => t.take_error(),
+        }
+    }
+}
+
 /// Future of [`File::read_into`](crate::File::read_into): bytes read, short only at end of file.
 ///
 /// `Send`, runtime-agnostic and cancel-safe: dropping or leaking it mid-flight never lets
 /// anything write into the destination afterwards (see [`crate::reactor`]).
+///
+/// For device destinations the future resolves once every copy is queued on the stream:
+/// work issued afterwards on that stream (or through cudarc on any stream) sees the data;
+/// synchronize the stream before reading it from the host by other means.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadInto<'a> {
-    pub(crate) inner: OpFuture<HostCopyOut<'a>>,
+    pub(crate) inner: OpFuture<CopyOut<'a>>,
+}
+
+impl ReadInto<'_> {
+    /// Orders the device copies on `stream` instead of the destination's own stream, so that
+    /// kernels the caller launches on `stream` afterwards see the data. No effect for host
+    /// destinations. Call before the first poll.
+    #[cfg(feature = "cuda")]
+    pub fn on_stream(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
+        if let CopyOut::Device(d) = self.inner.transfer_mut() {
+            d.stream = Some(stream.clone());
+        }
+        self
+    }
 }
 
 impl Future for ReadInto<'_> {

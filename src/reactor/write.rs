@@ -35,12 +35,54 @@ impl Transfer for HostFill<'_> {
     }
 }
 
+/// Where written bytes come from: host memory, or device memory through a copy engine.
+pub(crate) enum Fill<'a> {
+    Host(HostFill<'a>),
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::copy::DeviceFill<'a>),
+}
+
+impl Transfer for Fill<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        match self {
+            Fill::Host(t) => t.transfer(pieces, arena, shared),
+            #[cfg(feature = "cuda")]
+            Fill::Device(t) => t.transfer(pieces, arena, shared),
+        }
+    }
+
+    fn take_error(&mut self) -> Option<crate::Error> {
+        match self {
+            Fill::Host(t) => t.take_error(),
+            #[cfg(feature = "cuda")]
+            Fill::Device(t) => t.take_error(),
+        }
+    }
+}
+
 /// Future of [`File::write_from`](crate::File::write_from): the whole source is written, or an
 /// error is returned. Cancel-safe in the same sense as [`ReadInto`](crate::ReadInto); a write
 /// dropped mid-flight may have written part of its range.
 #[must_use = "futures do nothing unless polled"]
 pub struct WriteFrom<'a> {
-    pub(crate) inner: OpFuture<HostFill<'a>>,
+    pub(crate) inner: OpFuture<Fill<'a>>,
+}
+
+impl WriteFrom<'_> {
+    /// Orders the device-to-host copies on `stream` instead of the source's own stream, so
+    /// they follow the kernels the caller queued there. No effect for host sources.
+    #[cfg(feature = "cuda")]
+    pub fn on_stream(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
+        if let Fill::Device(d) = self.inner.transfer_mut() {
+            d.stream = Some(stream.clone());
+        }
+        self
+    }
 }
 
 impl Future for WriteFrom<'_> {

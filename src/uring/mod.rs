@@ -73,10 +73,17 @@ impl Driver {
         }
     }
 
-    pub(crate) fn wait(&mut self, block: bool, out: &mut Vec<Completion>) -> io::Result<()> {
+    /// Submits queued I/O and collects completions; with `block`, sleeps until a completion,
+    /// the doorbell, or `timeout` (if given).
+    pub(crate) fn wait(
+        &mut self,
+        block: bool,
+        timeout: Option<std::time::Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
         match self {
-            Driver::Uring(d) => d.wait(block, out),
-            Driver::Pread(d) => d.wait(block, out),
+            Driver::Uring(d) => d.wait(block, timeout, out),
+            Driver::Pread(d) => d.wait(block, timeout, out),
         }
     }
 }

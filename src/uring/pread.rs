@@ -123,13 +123,18 @@ impl PreadDriver {
             .map_err(|_| io::Error::other("pread workers exited"))
     }
 
-    pub(crate) fn wait(&mut self, block: bool, out: &mut Vec<Completion>) -> io::Result<()> {
+    pub(crate) fn wait(
+        &mut self,
+        block: bool,
+        timeout: Option<std::time::Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
         let before = out.len();
         out.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
         if block && out.len() == before {
             // The reactor already announced sleep and re-checked its message queue; workers
             // ring after posting, so this wakes for either kind of work.
-            self.doorbell.wait_blocking();
+            self.doorbell.wait_blocking(timeout);
             out.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
         }
         Ok(())

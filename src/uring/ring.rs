@@ -194,17 +194,31 @@ impl UringDriver {
     }
 
     fn submit(&mut self, wait: bool) -> io::Result<()> {
-        let r = if wait {
-            self.ring.submit_and_wait(1)
-        } else {
-            self.ring.submit()
+        self.submit_timeout(wait, None)
+    }
+
+    fn submit_timeout(
+        &mut self,
+        wait: bool,
+        timeout: Option<std::time::Duration>,
+    ) -> io::Result<()> {
+        let r = match (wait, timeout) {
+            (true, Some(t)) => {
+                let ts = types::Timespec::new()
+                    .sec(t.as_secs())
+                    .nsec(t.subsec_nanos());
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            (true, None) => self.ring.submit_and_wait(1),
+            (false, _) => self.ring.submit(),
         };
         match r {
             Ok(_) => Ok(()),
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN)
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
                 ) =>
             {
                 Ok(())
@@ -215,7 +229,12 @@ impl UringDriver {
 
     /// Submits queued I/O; if `block`, waits for a completion or the doorbell. Appends
     /// completions (never the doorbell's) to `out`.
-    pub(crate) fn wait(&mut self, block: bool, out: &mut Vec<Completion>) -> io::Result<()> {
+    pub(crate) fn wait(
+        &mut self,
+        block: bool,
+        timeout: Option<std::time::Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
         if block && !self.doorbell_armed {
             let sqe = opcode::Read::new(
                 types::Fd(self.doorbell_fd),
@@ -231,7 +250,7 @@ impl UringDriver {
         // TASKRUN_FLAG makes the kernel raise IORING_SQ_TASKRUN when such work is pending, and
         // the io-uring crate then adds GETEVENTS to a non-blocking submit too, so a reactor that
         // never sleeps still reaps its completions.
-        self.submit(block)?;
+        self.submit_timeout(block, timeout)?;
         for cqe in self.ring.completion() {
             if cqe.user_data() == DOORBELL_TOKEN {
                 self.doorbell_armed = false;

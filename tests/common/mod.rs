@@ -50,7 +50,7 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
         .build()
     {
         Ok(e) => v.push(("io_uring", e)),
-        Err(e) => eprintln!("SKIPPED io_uring backend in this test: {e}"),
+        Err(e) => skipped(format!("io_uring backend in this test: {e}")),
     }
     v.push((
         "pread",
@@ -74,7 +74,7 @@ pub fn direct_ok(engine: &Engine, path: &Path) -> bool {
     {
         Ok(_) => true,
         Err(e) => {
-            eprintln!("SKIPPED O_DIRECT part of this test: {e}");
+            skipped(format!("O_DIRECT part of this test: {e}"));
             false
         }
     }
@@ -111,4 +111,25 @@ impl Canaried {
             "back canary overwritten"
         );
     }
+}
+
+/// A scratch directory: `$GPUIO_TEST_DIR` if set, else cargo's target tmp dir when it exists
+/// (so O_DIRECT runs on the disk, not a tmpfs), else the system temp dir. Chosen at run time
+/// so bundled test binaries work on machines without the build tree.
+pub fn tmpdir() -> tempfile::TempDir {
+    let base = std::env::var_os("GPUIO_TEST_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+            p.is_dir().then_some(p)
+        })
+        .unwrap_or_else(std::env::temp_dir);
+    tempfile::tempdir_in(base).unwrap()
+}
+
+/// Reports a skipped test (or part) on stderr directly, past libtest's output capture, so
+/// the reason shows in every run.
+pub fn skipped(why: impl std::fmt::Display) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }

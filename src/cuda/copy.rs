@@ -1,0 +1,201 @@
+//! Moving bytes between bounce slots and device memory inside the future's `poll`.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use super::device::{DeviceDst, DeviceSrc};
+use crate::buf::arena::BounceArena;
+use crate::error::{Context, Error, OpKind};
+use crate::reactor::op::{OpShared, ReadyPiece, Transfer};
+use crate::reactor::{Gate, GateState, Msg};
+
+/// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
+pub(crate) struct EventGate(pub(crate) CudaEvent);
+
+impl Gate for EventGate {
+    fn poll(&self) -> GateState {
+        if let Err(e) = self.0.context().bind_to_thread() {
+            return GateState::Broken(format!("{e:?}"));
+        }
+        // SAFETY: the event is alive (owned by self) and belongs to the bound context.
+        match unsafe { sys::cuEventQuery(self.0.cu_event()) } {
+            CUresult::CUDA_SUCCESS => GateState::Open,
+            CUresult::CUDA_ERROR_NOT_READY => GateState::Closed,
+            other => GateState::Broken(format!("cuEventQuery: {other:?}")),
+        }
+    }
+}
+
+fn check(rc: CUresult, what: &str) -> Result<(), String> {
+    if rc == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what}: {rc:?}"))
+    }
+}
+
+/// Copies read pieces into device memory standing for file bytes `[offset, offset + len)`.
+pub(crate) struct DeviceCopyOut<'a> {
+    pub(crate) dst: &'a mut dyn DeviceDst,
+    pub(crate) offset: u64,
+    pub(crate) stream: Option<Arc<CudaStream>>,
+    pub(crate) error: Option<Error>,
+}
+
+impl DeviceCopyOut<'_> {
+    fn issue(
+        &mut self,
+        pieces: &[ReadyPiece],
+        arena: &BounceArena,
+        stream: &Arc<CudaStream>,
+    ) -> Result<CudaEvent, String> {
+        let ctx = stream.context();
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        arena.ensure_pinned(ctx);
+        let want_end = self.offset + self.dst.byte_len() as u64;
+        let offset = self.offset;
+        let (dptr, write_guard) = self.dst.write_ptr(stream);
+        for p in pieces {
+            let start = p.piece.pos.max(offset);
+            let end = (p.piece.pos + p.valid as u64).min(want_end);
+            if start >= end {
+                continue;
+            }
+            let n = (end - start) as usize;
+            let from = (start - p.piece.pos) as usize;
+            let to = start - offset;
+            // SAFETY: the source lies inside a slot this future owns until the reactor sees the
+            // event recorded below complete; the destination range [to, to + n) lies inside the
+            // device buffer (end <= want_end), whose pointer cudarc gave us for writing on
+            // `stream`; the copy is ordered on that stream.
+            let rc = unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    dptr + to,
+                    arena.slot_ptr(&p.slot).add(from).cast(),
+                    n,
+                    stream.cu_stream(),
+                )
+            };
+            check(rc, "cuMemcpyHtoDAsync")?;
+        }
+        // Record cudarc's write event now (not when the future finishes): any later use of the
+        // buffer through cudarc, on any stream, is then ordered after these copies, even if
+        // this future is leaked.
+        drop(write_guard);
+        stream.record_event(None).map_err(|e| format!("{e:?}"))
+    }
+}
+
+impl Transfer for DeviceCopyOut<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        let stream = self
+            .stream
+            .clone()
+            .unwrap_or_else(|| self.dst.own_stream().clone());
+        match self.issue(&pieces, arena, &stream) {
+            Ok(ev) => {
+                let slots = pieces.into_iter().map(|p| p.slot).collect();
+                Some(Msg::Gated(
+                    Box::new(EventGate(ev)),
+                    Box::new(Msg::Release(shared.clone(), slots)),
+                ))
+            }
+            Err(reason) => {
+                let at = pieces.first().map_or(self.offset, |p| p.piece.pos);
+                self.error = Some(Error::cuda_msg(
+                    Context::op(OpKind::Read)
+                        .with_offset(at)
+                        .with_backend("cuda"),
+                    reason,
+                ));
+                // Copies may be queued with no event to say when they end: the slots stay
+                // out of service for good.
+                Some(Msg::Abandon(shared.clone(), pieces))
+            }
+        }
+    }
+
+    fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+}
+
+/// Fills write pieces from device memory standing for file bytes `[offset, offset + len)`.
+pub(crate) struct DeviceFill<'a> {
+    pub(crate) src: &'a dyn DeviceSrc,
+    pub(crate) offset: u64,
+    pub(crate) stream: Option<Arc<CudaStream>>,
+    pub(crate) error: Option<Error>,
+}
+
+impl DeviceFill<'_> {
+    fn issue(
+        &mut self,
+        pieces: &[ReadyPiece],
+        arena: &BounceArena,
+        stream: &Arc<CudaStream>,
+    ) -> Result<CudaEvent, String> {
+        let ctx = stream.context();
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        arena.ensure_pinned(ctx);
+        let (sptr, read_guard) = self.src.read_ptr(stream);
+        for p in pieces {
+            let from = p.piece.pos - self.offset;
+            // SAFETY: the slot is owned by this future until the reactor sees the event below
+            // complete; [from, from + valid) lies inside the source (pieces cover exactly the
+            // requested range); the copy is ordered on `stream`.
+            let rc = unsafe {
+                sys::cuMemcpyDtoHAsync_v2(
+                    arena.slot_ptr(&p.slot).cast(),
+                    sptr + from,
+                    p.valid,
+                    stream.cu_stream(),
+                )
+            };
+            check(rc, "cuMemcpyDtoHAsync")?;
+        }
+        drop(read_guard);
+        stream.record_event(None).map_err(|e| format!("{e:?}"))
+    }
+}
+
+impl Transfer for DeviceFill<'_> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        let stream = self
+            .stream
+            .clone()
+            .unwrap_or_else(|| self.src.own_stream().clone());
+        match self.issue(&pieces, arena, &stream) {
+            Ok(ev) => Some(Msg::Gated(
+                Box::new(EventGate(ev)),
+                Box::new(Msg::Filled(shared.clone(), pieces)),
+            )),
+            Err(reason) => {
+                let at = pieces.first().map_or(self.offset, |p| p.piece.pos);
+                self.error = Some(Error::cuda_msg(
+                    Context::op(OpKind::Write)
+                        .with_offset(at)
+                        .with_backend("cuda"),
+                    reason,
+                ));
+                Some(Msg::Abandon(shared.clone(), pieces))
+            }
+        }
+    }
+
+    fn take_error(&mut self) -> Option<Error> {
+        self.error.take()
+    }
+}

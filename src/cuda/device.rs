@@ -1,0 +1,108 @@
+//! Device memory types gpuio reads into and writes from: cudarc's `CudaSlice<T>`,
+//! `CudaViewMut<T>` (destinations) and `CudaView<T>` (sources), for element types whose every
+//! bit pattern is valid ([`Pod`]), viewed as bytes.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
+    SyncOnDrop,
+};
+
+use crate::buf::sealed::Sealed;
+use crate::buf::{ReadDst, ReadTarget, WriteSource, WriteSrc};
+
+mod pod_sealed {
+    pub trait Sealed {}
+}
+
+/// Element types any bytes are a valid value of, so file bytes may land in them.
+pub trait Pod: DeviceRepr + pod_sealed::Sealed + Send + Sync + 'static {}
+
+macro_rules! pod {
+    ($($t:ty),*) => {$(impl pod_sealed::Sealed for $t {} impl Pod for $t {})*};
+}
+pod!(
+    u8, i8, u16, i16, u32, i32, u64, i64, u128, i128, usize, isize, f32, f64
+);
+
+/// Device memory a read can write (implementation detail of [`ReadDst`]).
+#[doc(hidden)]
+pub trait DeviceDst: Send {
+    /// Bytes to fill.
+    fn byte_len(&self) -> usize;
+    /// The stream the memory belongs to.
+    fn own_stream(&self) -> &Arc<CudaStream>;
+    /// Device pointer for writing on `stream`; dropping the guard records cudarc's write event.
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>);
+}
+
+/// Device memory a write can read (implementation detail of [`WriteSrc`]).
+#[doc(hidden)]
+pub trait DeviceSrc: Send + Sync {
+    /// Bytes to write.
+    fn byte_len(&self) -> usize;
+    /// The stream the memory belongs to.
+    fn own_stream(&self) -> &Arc<CudaStream>;
+    /// Device pointer for reading on `stream`; dropping the guard records cudarc's read event.
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>);
+}
+
+macro_rules! device_dst {
+    ($($ty:ty),*) => {$(
+        impl<T: Pod> Sealed for $ty {}
+        impl<T: Pod> DeviceDst for $ty {
+            fn byte_len(&self) -> usize {
+                DeviceSlice::num_bytes(self)
+            }
+            fn own_stream(&self) -> &Arc<CudaStream> {
+                DeviceSlice::stream(self)
+            }
+            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+                DevicePtrMut::device_ptr_mut(self, stream)
+            }
+        }
+        impl<T: Pod> DeviceSrc for $ty {
+            fn byte_len(&self) -> usize {
+                DeviceSlice::num_bytes(self)
+            }
+            fn own_stream(&self) -> &Arc<CudaStream> {
+                DeviceSlice::stream(self)
+            }
+            fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+                DevicePtr::device_ptr(self, stream)
+            }
+        }
+        impl<T: Pod> ReadDst for $ty {
+            fn target(&mut self) -> ReadTarget<'_> {
+                ReadTarget::Device(self)
+            }
+        }
+        impl<T: Pod> WriteSrc for $ty {
+            fn source(&self) -> WriteSource<'_> {
+                WriteSource::Device(self)
+            }
+        }
+    )*};
+}
+
+device_dst!(CudaSlice<T>, CudaViewMut<'_, T>);
+
+impl<T: Pod> Sealed for CudaView<'_, T> {}
+impl<T: Pod> DeviceSrc for CudaView<'_, T> {
+    fn byte_len(&self) -> usize {
+        DeviceSlice::num_bytes(self)
+    }
+    fn own_stream(&self) -> &Arc<CudaStream> {
+        DeviceSlice::stream(self)
+    }
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+        DevicePtr::device_ptr(self, stream)
+    }
+}
+impl<T: Pod> WriteSrc for CudaView<'_, T> {
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Device(self)
+    }
+}

@@ -1,0 +1,314 @@
+//! Device memory: reads into and writes from GPU memory through the bounce path.
+//! Every test says loudly that it skipped where no usable CUDA device exists.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use common::*;
+use gpuio::cuda::cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
+};
+use gpuio::{Engine, OpenOptions};
+
+fn gpu(test: &str) -> Option<Arc<CudaContext>> {
+    if !gpuio::cuda::available() {
+        let p = gpuio::cuda::probe();
+        skipped(format!(
+            "{test}: no usable CUDA device ({})",
+            p.error.as_deref().unwrap_or("no devices")
+        ));
+        return None;
+    }
+    Some(gpuio::cuda::context(0).expect("CUDA context"))
+}
+
+fn d2h(stream: &Arc<CudaStream>, d: &CudaSlice<u8>) -> Vec<u8> {
+    stream.clone_dtoh(d).expect("dtov")
+}
+
+/// File bytes are a function of position, so kernels can check them without a reference.
+fn byte_at(pos: u64) -> u8 {
+    (pos.wrapping_mul(2_654_435_761) >> 7) as u8
+}
+
+fn formula_file(dir: &std::path::Path, len: usize) -> std::path::PathBuf {
+    let p = dir.join("formula.bin");
+    let data: Vec<u8> = (0..len as u64).map(byte_at).collect();
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+#[test]
+fn no_cuda_is_unsupported_not_a_panic() {
+    if gpuio::cuda::available() {
+        skipped("no_cuda_is_unsupported_not_a_panic: this machine has a GPU");
+        return;
+    }
+    let e = gpuio::cuda::context(0).unwrap_err();
+    assert!(matches!(e, gpuio::Error::Unsupported { .. }), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn device_random_ranges_match_pread() {
+    let Some(ctx) = gpu("device_random_ranges_match_pread") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let dir = tmpdir();
+    const LEN: usize = (1 << 30) + 12_345;
+    let (path, _) = test_file(dir.path(), "big", LEN, 11);
+    let engine = Engine::new().unwrap();
+    for direct in [false, true] {
+        if direct && !direct_ok(&engine, &path) {
+            continue;
+        }
+        let f = OpenOptions::new()
+            .read(true)
+            .direct(direct)
+            .open(&engine, &path)
+            .unwrap();
+        let mut rng = fastrand::Rng::with_seed(5);
+        let mut cases: Vec<(u64, usize)> = vec![
+            (0, 1),
+            (4095, 4097),
+            (1, (1 << 30) - 1),
+            (4095, 1 << 30),
+            (LEN as u64 - 3, 100),
+        ];
+        for _ in 0..30 {
+            let len = 1usize << rng.u32(0..31);
+            let len = rng.usize(len / 2..=len).max(1);
+            cases.push((rng.u64(0..LEN as u64), len));
+        }
+        for (off, len) in cases {
+            let mut d = stream.alloc_zeros::<u8>(len).unwrap();
+            let n = f.read_into(&mut d, off).await.unwrap();
+            let want = pread_ref(&path, off, len);
+            assert_eq!(n, want.len(), "direct={direct} {off}+{len}");
+            let got = d2h(&stream, &d);
+            assert!(got[..n] == want[..], "direct={direct} data at {off}+{len}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_concurrent_reads_into_distinct_slices() {
+    let Some(ctx) = gpu("many_concurrent_reads_into_distinct_slices") else {
+        return;
+    };
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "d", 64 << 20, 12);
+    let data = Arc::new(data);
+    let engine = Engine::new().unwrap();
+    let f = Arc::new(engine.open(&path).unwrap());
+    let mut set = tokio::task::JoinSet::new();
+    for t in 0..64u64 {
+        let (f, data, ctx) = (f.clone(), data.clone(), ctx.clone());
+        set.spawn(async move {
+            let stream = ctx.new_stream().unwrap();
+            let mut rng = fastrand::Rng::with_seed(t);
+            for _ in 0..8 {
+                let off = rng.usize(0..data.len());
+                let len = rng.usize(1..4 << 20);
+                let mut d = stream.alloc_zeros::<u8>(len).unwrap();
+                let n = f.read_into(&mut d, off as u64).await.unwrap();
+                assert_eq!(n, len.min(data.len() - off));
+                let got = stream.clone_dtoh(&d).unwrap();
+                assert!(got[..n] == data[off..off + n]);
+            }
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn device_write_then_read_back() {
+    let Some(ctx) = gpu("device_write_then_read_back") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let dir = tmpdir();
+    let engine = Engine::new().unwrap();
+    for direct in [false, true] {
+        let path = dir.path().join(format!("w-{direct}"));
+        std::fs::write(&path, b"").unwrap();
+        if direct && !direct_ok(&engine, &path) {
+            continue;
+        }
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .direct(direct)
+            .open(&engine, &path)
+            .unwrap();
+        let src = pattern(37 << 20, 3);
+        let d = stream.clone_htod(&src).unwrap();
+        assert_eq!(f.write_from(&d, 777).await.unwrap(), src.len());
+        f.sync_all().await.unwrap();
+        let back = std::fs::read(&path).unwrap();
+        assert_eq!(back.len(), 777 + src.len());
+        assert!(back[777..] == src[..], "direct={direct}");
+        // Typed slices, viewed as bytes, both ways.
+        let floats: Vec<f32> = (0..1_000_003).map(|i| i as f32 * 0.5).collect();
+        let df = stream.clone_htod(&floats).unwrap();
+        f.write_from(&df, 0).await.unwrap();
+        let mut back_f = stream.alloc_zeros::<f32>(floats.len()).unwrap();
+        assert_eq!(f.read_into(&mut back_f, 0).await.unwrap(), floats.len() * 4);
+        assert_eq!(stream.clone_dtoh(&back_f).unwrap(), floats);
+    }
+}
+
+const CHECK_KERNEL: &str = r#"
+extern "C" __global__ void check(const unsigned char* d, unsigned long long n,
+                                 unsigned long long off, unsigned int* bad) {
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    for (; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned char want = (unsigned char)(((off + i) * 2654435761ull) >> 7);
+        if (d[i] != want) atomicAdd(bad, 1u);
+    }
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn read_ordered_on_stream_then_kernel_checks_it() {
+    let Some(ctx) = gpu("read_ordered_on_stream_then_kernel_checks_it") else {
+        return;
+    };
+    let ptx = match gpuio::cuda::cudarc::nvrtc::compile_ptx(CHECK_KERNEL) {
+        Ok(p) => p,
+        Err(e) => {
+            skipped(format!(
+                "read_ordered_on_stream_then_kernel_checks_it: NVRTC unavailable: {e:?}"
+            ));
+            return;
+        }
+    };
+    let module = ctx.load_module(ptx).unwrap();
+    let check = module.load_function("check").unwrap();
+    let dir = tmpdir();
+    const LEN: usize = 200 << 20;
+    let path = formula_file(dir.path(), LEN);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    // The buffer belongs to one stream; the read and the kernel are ordered on another.
+    let home = ctx.new_stream().unwrap();
+    let work = ctx.new_stream().unwrap();
+    for (off, n) in [(0u64, LEN), (12_345, 64 << 20), (LEN as u64 - 1000, 1000)] {
+        let mut d = home.alloc_zeros::<u8>(n).unwrap();
+        let mut bad = work.alloc_zeros::<u32>(1).unwrap();
+        let got = f.read_into(&mut d, off).on_stream(&work).await.unwrap();
+        assert_eq!(got, n);
+        let mut b = work.launch_builder(&check);
+        let n64 = n as u64;
+        b.arg(&d).arg(&n64).arg(&off).arg(&mut bad);
+        unsafe { b.launch(LaunchConfig::for_num_elems(n.min(1 << 24) as u32)) }.unwrap();
+        let bad = work.clone_dtoh(&bad).unwrap()[0];
+        assert_eq!(bad, 0, "kernel saw {bad} wrong bytes at {off}+{n}");
+    }
+}
+
+fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    matches!(Pin::new(f).poll(&mut cx), Poll::Ready(_))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drop_and_leak_mid_flight_then_reuse_and_free() {
+    let Some(ctx) = gpu("drop_and_leak_mid_flight_then_reuse_and_free") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let dir = tmpdir();
+    const LEN: usize = 256 << 20;
+    const GUARD: usize = 1 << 20;
+    let (path, _) = test_file(dir.path(), "d", LEN, 21);
+    let (full, _) = test_file(dir.path(), "full", 32 << 20, 22);
+    let engine = Engine::builder()
+        .chunk_size(1 << 20)
+        .queue_depth(4)
+        .bounce_slots(32)
+        .build()
+        .unwrap();
+    let f = OpenOptions::new()
+        .read(true)
+        .direct(direct_ok(&engine, &path))
+        .open(&engine, &path)
+        .unwrap();
+    let drain = || async {
+        let g = engine.open(&full).unwrap();
+        let mut b = vec![0u8; 32 << 20];
+        g.read_into(&mut b, 0).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for leak in [false, true] {
+        // Reuse: canary | destination | canary, all in one allocation.
+        let mut whole = stream.clone_htod(&vec![CANARY; LEN + 2 * GUARD]).unwrap();
+        {
+            let mut view = whole.slice_mut(GUARD..GUARD + LEN);
+            let mut fut = f.read_into(&mut view, 0);
+            if !poll_once(&mut fut) {
+                std::thread::sleep(Duration::from_millis(2));
+                poll_once(&mut fut);
+                if leak {
+                    std::mem::forget(fut);
+                } else {
+                    drop(fut);
+                }
+            }
+        }
+        // The caller takes the memory back and writes its own pattern (stream-ordered).
+        let mut view = whole.slice_mut(GUARD..GUARD + LEN);
+        stream.memcpy_htod(&vec![0x5Au8; LEN], &mut view).unwrap();
+        drain().await;
+        stream.synchronize().unwrap();
+        let back = d2h(&stream, &whole);
+        assert!(
+            back[..GUARD].iter().all(|&b| b == CANARY),
+            "leak={leak}: front canary"
+        );
+        assert!(
+            back[GUARD + LEN..].iter().all(|&b| b == CANARY),
+            "leak={leak}: back canary"
+        );
+        assert!(
+            back[GUARD..GUARD + LEN].iter().all(|&b| b == 0x5A),
+            "leak={leak}: destination written after cancel"
+        );
+
+        // Free: drop the destination mid-flight, then fill new allocations with a pattern.
+        let mut doomed = stream.alloc_zeros::<u8>(LEN).unwrap();
+        {
+            let mut fut = f.read_into(&mut doomed, 0);
+            poll_once(&mut fut);
+            if leak {
+                std::mem::forget(fut);
+            } else {
+                drop(fut);
+            }
+        }
+        drop(doomed);
+        let fresh: Vec<CudaSlice<u8>> = (0..4)
+            .map(|_| stream.clone_htod(&vec![0x33u8; LEN / 4]).unwrap())
+            .collect();
+        drain().await;
+        stream.synchronize().unwrap();
+        for d in &fresh {
+            assert!(
+                d2h(&stream, d).iter().all(|&b| b == 0x33),
+                "leak={leak}: freed memory written"
+            );
+        }
+    }
+    tokio::time::timeout(Duration::from_secs(30), engine.shutdown())
+        .await
+        .expect("shutdown hung")
+        .unwrap();
+}
