@@ -126,6 +126,19 @@ pub(crate) enum Msg {
     Abandon(Arc<OpShared>, Vec<ReadyPiece>),
 }
 
+impl Msg {
+    /// Whether the reactor must be woken for this message. Slot returns and cancellations
+    /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
+    /// gated message is as urgent as the message behind its gate.
+    fn is_urgent(&self) -> bool {
+        match self {
+            Msg::Release(..) | Msg::Cancel(..) => false,
+            Msg::Gated(_, inner) => inner.is_urgent(),
+            _ => true,
+        }
+    }
+}
+
 /// Something the reactor polls, never waits on, before acting (a CUDA event).
 pub(crate) trait Gate: Send {
     fn poll(&self) -> GateState;
@@ -167,7 +180,7 @@ impl EngineShared {
     /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
     /// `SubmitMsg`'s `Drop`).
     pub(crate) fn send(&self, msg: Msg) {
-        let urgent = !matches!(msg, Msg::Release(..) | Msg::Cancel(..) | Msg::Gated(..));
+        let urgent = msg.is_urgent();
         let sent = {
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
             match tx.as_ref() {

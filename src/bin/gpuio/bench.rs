@@ -11,19 +11,55 @@ use gpuio::{Backend, Engine, OpenOptions};
 use crate::CliResult;
 use crate::size::{ByteSize, fmt_bytes};
 
-/// Where data goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+/// Where data goes: `host`, `gpu` (device 0) or `gpu:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     /// Host memory.
     Host,
+    /// Memory of GPU N.
+    Gpu(usize),
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(Target::Host),
+            "gpu" => Ok(Target::Gpu(0)),
+            _ => s
+                .strip_prefix("gpu:")
+                .and_then(|n| n.parse().ok())
+                .map(Target::Gpu)
+                .ok_or_else(|| format!("{s:?}: expected host, gpu or gpu:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Host => f.write_str("host"),
+            Target::Gpu(n) => write!(f, "gpu:{n}"),
+        }
+    }
 }
 
 impl Target {
-    pub fn check_supported(self) -> CliResult {
+    /// The CUDA context for a GPU target (errors clearly where there is none).
+    pub fn cuda(
+        self,
+    ) -> Result<Option<Arc<gpuio::cuda::cudarc::driver::CudaContext>>, gpuio::Error> {
         match self {
-            Target::Host => Ok(()),
+            Target::Host => Ok(None),
+            Target::Gpu(n) => gpuio::cuda::context(n).map(Some),
         }
     }
+}
+
+/// A destination buffer in host or device memory.
+enum Buffer {
+    Host(Vec<u8>),
+    Gpu(gpuio::cuda::cudarc::driver::CudaSlice<u8>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -62,8 +98,8 @@ pub struct BenchArgs {
     /// O_DIRECT.
     #[arg(long)]
     direct: bool,
-    /// Destination (or source) memory.
-    #[arg(long, value_enum, default_value = "host")]
+    /// Destination (or source) memory: host, gpu, gpu:N.
+    #[arg(long, default_value = "host")]
     to: Target,
     /// Backend.
     #[arg(long, default_value = "auto")]
@@ -86,7 +122,7 @@ struct TaskStats {
 }
 
 pub async fn run(a: BenchArgs) -> CliResult {
-    a.to.check_supported()?;
+    let cuda = a.to.cuda()?;
     let bs = a.bs.0;
     if bs == 0 || a.qd == 0 || !a.seconds.is_finite() || a.seconds <= 0.0 {
         return Err("--bs, --qd and --seconds must be positive".into());
@@ -159,12 +195,26 @@ pub async fn run(a: BenchArgs) -> CliResult {
     );
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(a.qd);
+    let mut streams = Vec::new();
     for t in 0..a.qd {
         let (file, cursor, bytes_done) = (file.clone(), cursor.clone(), bytes_done.clone());
         let (rw, pattern) = (a.rw, a.pattern);
+        // Each task owns its buffer; on a GPU, its own stream too, so copies overlap.
+        let mut buf = match &cuda {
+            None => Buffer::Host(vec![0xA5u8; bs as usize]),
+            Some(ctx) => {
+                let stream = ctx
+                    .new_stream()
+                    .map_err(|e| format!("CUDA stream: {e:?}"))?;
+                let d = stream
+                    .alloc_zeros::<u8>(bs as usize)
+                    .map_err(|e| format!("CUDA alloc: {e:?}"))?;
+                streams.push(stream);
+                Buffer::Gpu(d)
+            }
+        };
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 ^ t as u64);
-            let mut buf = vec![0xA5u8; bs as usize];
             let mut st = TaskStats {
                 bytes: 0,
                 ops: 0,
@@ -177,9 +227,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
                 };
                 let off = slot * bs;
                 let t0 = Instant::now();
-                let n = match rw {
-                    Rw::Read => file.read_into(&mut buf, off).await?,
-                    Rw::Write => file.write_from(&buf, off).await?,
+                let n = match (rw, &mut buf) {
+                    (Rw::Read, Buffer::Host(b)) => file.read_into(b, off).await?,
+                    (Rw::Write, Buffer::Host(b)) => file.write_from(b, off).await?,
+                    (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,
+                    (Rw::Write, Buffer::Gpu(b)) => file.write_from(b, off).await?,
                 };
                 st.lat_us
                     .push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
@@ -218,6 +270,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
         all.ops += st.ops;
         all.lat_us.extend(st.lat_us);
     }
+    // Device copies are queued when a read resolves: the clock stops when they have landed.
+    for s in &streams {
+        s.synchronize()
+            .map_err(|e| format!("CUDA synchronize: {e:?}"))?;
+    }
     if a.rw == Rw::Write {
         file.sync_all().await?;
     }
@@ -235,11 +292,12 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let iops = all.ops as f64 / secs;
     let backend = engine.backend().name;
     println!(
-        "{} {:?} {:?} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
+        "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, backend {backend}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
         a.rw,
+        a.to,
         fmt_bytes(bs),
         a.qd,
         path.display(),
@@ -260,7 +318,8 @@ pub async fn run(a: BenchArgs) -> CliResult {
             "bs": bs,
             "qd": a.qd,
             "direct": a.direct,
-            "to": "host",
+            "to": a.to.to_string(),
+            "bounce_pinned": engine.bounce_pool_pinned(),
             "ops": all.ops,
             "lat_p50_us": pct(0.5),
             "lat_p99_us": pct(0.99),

@@ -62,6 +62,11 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
             for (i, d) in c.devices.iter().enumerate() {
                 println!("  gpu:{i} {d}");
             }
+            println!(
+                "  pinned host memory: the bounce pool is page-locked with cuMemHostRegister on \
+                 first use (RLIMIT_MEMLOCK {}; the driver may refuse above it for non-root)",
+                memlock()
+            );
         }
         (err, _) => println!(
             "CUDA: not usable: {} (host-memory paths work; device destinations need a GPU)",

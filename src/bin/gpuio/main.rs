@@ -59,7 +59,7 @@ enum Cmd {
         /// Use O_DIRECT.
         #[arg(long)]
         direct: bool,
-        /// Destination memory.
+        /// Destination memory: host, gpu, gpu:N.
         #[arg(long, default_value = "host")]
         to: bench::Target,
         /// Backend.
@@ -190,7 +190,9 @@ async fn cp(
 }
 
 async fn read(path: PathBuf, direct: bool, to: bench::Target, backend: Backend) -> CliResult {
-    to.check_supported()?;
+    if let Some(ctx) = to.cuda()? {
+        return read_gpu(path, direct, ctx, backend).await;
+    }
     let engine = Engine::builder().backend(backend).build()?;
     let file = OpenOptions::new()
         .read(true)
@@ -226,6 +228,44 @@ async fn read(path: PathBuf, direct: bool, to: bench::Target, backend: Backend) 
         total as f64 / secs / 1e9,
         engine.backend().name,
         if direct { "O_DIRECT" } else { "buffered" },
+    );
+    Ok(())
+}
+
+/// `gpuio read --to gpu`: the whole file into one device buffer, timed until the copies land.
+async fn read_gpu(
+    path: PathBuf,
+    direct: bool,
+    ctx: std::sync::Arc<gpuio::cuda::cudarc::driver::CudaContext>,
+    backend: Backend,
+) -> CliResult {
+    let engine = Engine::builder().backend(backend).build()?;
+    let file = OpenOptions::new()
+        .read(true)
+        .direct(direct)
+        .open(&engine, &path)?;
+    let len = file.len()? as usize;
+    let stream = ctx
+        .new_stream()
+        .map_err(|e| format!("CUDA stream: {e:?}"))?;
+    let mut dst = stream
+        .alloc_zeros::<u8>(len.max(1))
+        .map_err(|e| format!("CUDA alloc of {len} bytes: {e:?}"))?;
+    let mut view = dst.slice_mut(..len);
+    let start = Instant::now();
+    let n = file.read_into(&mut view, 0).await?;
+    stream
+        .synchronize()
+        .map_err(|e| format!("CUDA synchronize: {e:?}"))?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "read {} into gpu:{} in {secs:.3} s: {:.3} GB/s via {} ({}), bounce pool pinned: {}",
+        fmt_bytes(n as u64),
+        ctx.ordinal(),
+        n as f64 / secs / 1e9,
+        engine.backend().name,
+        if direct { "O_DIRECT" } else { "buffered" },
+        engine.bounce_pool_pinned(),
     );
     Ok(())
 }
