@@ -59,6 +59,7 @@ pub struct EngineBuilder {
     backend: Backend,
     pread_threads: Option<usize>,
     spin: Duration,
+    punt_min: Option<usize>,
 }
 
 impl Default for EngineBuilder {
@@ -70,6 +71,7 @@ impl Default for EngineBuilder {
             backend: Backend::Auto,
             pread_threads: None,
             spin: Duration::from_micros(50),
+            punt_min: Some(64 << 10),
         }
     }
 }
@@ -114,6 +116,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Buffered I/O pieces of at least `bytes` are handed to io_uring's worker pool
+    /// (`IOSQE_ASYNC`) so page-cache copies run on many cores at once; smaller ones are tried
+    /// inline on the reactor thread. Default 64 KiB; `None` keeps everything inline.
+    pub fn async_copy_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.punt_min = bytes;
+        self
+    }
+
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
@@ -153,6 +163,7 @@ impl EngineBuilder {
             chunk_size: self.chunk_size,
             queue_depth: self.queue_depth,
             spin: self.spin,
+            punt_min: self.punt_min,
         };
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())

@@ -279,6 +279,8 @@ pub(crate) struct ReactorConfig {
     pub(crate) queue_depth: usize,
     /// How long to wait for follow-up requests after delivering completions before sleeping.
     pub(crate) spin: Duration,
+    /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
+    pub(crate) punt_min: Option<usize>,
 }
 
 pub(crate) struct Reactor {
@@ -823,7 +825,16 @@ impl Reactor {
             }
             None => (std::ptr::null_mut(), None),
         };
+        // Buffered pieces large enough to be worth a kernel worker go to io-wq, so page-cache
+        // hits are copied by many threads; small ones stay inline (a punt costs a switch).
+        let buffered = io.piece.via == Via::Buffered || file.align == 1;
+        let punt = self
+            .cfg
+            .punt_min
+            .is_some_and(|m| buffered && io.piece.len - io.done >= m)
+            && io.kind != IoKind::Fsync;
         let req = IoRequest {
+            punt,
             kind: io.kind,
             fd,
             buf,

@@ -30,6 +30,9 @@ pub(crate) struct IoRequest {
     pub(crate) pos: u64,
     /// Registered-buffer index of the bounce block holding `buf`.
     pub(crate) fixed: Option<u16>,
+    /// Hand to io-wq instead of trying inline (`IOSQE_ASYNC`): large page-cache copies then
+    /// run in parallel on kernel workers instead of one after another on the reactor thread.
+    pub(crate) punt: bool,
     pub(crate) token: u64,
 }
 

@@ -190,6 +190,11 @@ impl UringDriver {
                 .build(),
             (IoKind::Fsync, _) => opcode::Fsync::new(fd).build(),
         };
+        let sqe = if req.punt {
+            sqe.flags(squeue::Flags::ASYNC)
+        } else {
+            sqe
+        };
         self.push_sqe(sqe.user_data(req.token))
     }
 

@@ -110,6 +110,9 @@ pub struct BenchArgs {
     /// Seconds to run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
+    #[arg(long)]
+    inline_copies: bool,
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     json: bool,
@@ -141,6 +144,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
         .chunk_size(chunk as usize)
         .queue_depth(qd_engine)
         .bounce_slots(slots)
+        .async_copy_threshold(if a.inline_copies {
+            None
+        } else {
+            Some(64 << 10)
+        })
         .build()?;
 
     // The file: given, or a temporary one we fill first.
@@ -320,6 +328,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
             "direct": a.direct,
             "to": a.to.to_string(),
             "bounce_pinned": engine.bounce_pool_pinned(),
+            "inline_copies": a.inline_copies,
             "ops": all.ops,
             "lat_p50_us": pct(0.5),
             "lat_p99_us": pct(0.99),
