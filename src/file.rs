@@ -10,9 +10,9 @@ use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::reactor::OpRequest;
-use crate::reactor::op::{NoTransfer, OpFuture};
-use crate::reactor::read::{CopyOut, HostCopyOut, ReadInto};
-use crate::reactor::write::{Fill, HostFill, WriteFrom};
+use crate::reactor::op::{Either, NoTransfer, OpFuture, Transfer};
+use crate::reactor::read::{HostCopyOut, ReadInto};
+use crate::reactor::write::{HostFill, WriteFrom};
 use crate::uring::align::{self, DirectAlignment};
 use crate::uring::plan::MAX_POS;
 
@@ -290,6 +290,24 @@ impl File {
         Ok(())
     }
 
+    /// The future of a read or write of `len` bytes at `offset`: finished at once when the
+    /// request is invalid or empty, otherwise sent to the reactor on first poll.
+    fn start<T: Transfer>(&self, op: OpKind, offset: u64, len: usize, transfer: T) -> OpFuture<T> {
+        let shared = self.engine.shared().clone();
+        match self.check(op, offset, len) {
+            Err(e) => OpFuture::ready(shared, op, transfer, Err(e)),
+            Ok(()) if len == 0 => OpFuture::ready(shared, op, transfer, Ok(0)),
+            Ok(()) => {
+                let (file, len) = (self.inner.clone(), len as u64);
+                let req = match op {
+                    OpKind::Read => OpRequest::Read { file, offset, len },
+                    _ => OpRequest::Write { file, offset, len },
+                };
+                OpFuture::new(shared, req, transfer)
+            }
+        }
+    }
+
     /// Reads `dst.len()` bytes at `offset` into `dst`; returns the bytes read, fewer only at
     /// end of file. Large requests run as several chunk I/Os in flight at once.
     ///
@@ -302,34 +320,17 @@ impl File {
     ) -> ReadInto<'a> {
         let target = dst.target();
         let len = target.len();
-        let shared = self.engine.shared().clone();
         let transfer = match target {
-            ReadTarget::Host(dst) => CopyOut::Host(HostCopyOut { dst, offset }),
+            ReadTarget::Host(dst) => Either::Host(HostCopyOut { dst, offset }),
             #[cfg(feature = "cuda")]
-            ReadTarget::Device(dst) => CopyOut::Device(crate::cuda::copy::DeviceCopyOut {
+            ReadTarget::Device(dst) => Either::Device(crate::cuda::copy::DeviceCopyOut {
                 dst,
                 offset,
                 stream: None,
                 error: None,
             }),
         };
-        let early = match self.check(OpKind::Read, offset, len) {
-            Err(e) => Some(Err(e)),
-            Ok(()) if len == 0 => Some(Ok(0)),
-            Ok(()) => None,
-        };
-        let inner = match early {
-            Some(r) => OpFuture::ready(shared, OpKind::Read, transfer, r),
-            None => OpFuture::new(
-                shared,
-                OpRequest::Read {
-                    file: self.inner.clone(),
-                    offset,
-                    len: len as u64,
-                },
-                transfer,
-            ),
-        };
+        let inner = self.start(OpKind::Read, offset, len, transfer);
         ReadInto { inner }
     }
 
@@ -356,34 +357,17 @@ impl File {
     ) -> WriteFrom<'a> {
         let source = src.source();
         let len = source.len();
-        let shared = self.engine.shared().clone();
         let transfer = match source {
-            WriteSource::Host(src) => Fill::Host(HostFill { src, offset }),
+            WriteSource::Host(src) => Either::Host(HostFill { src, offset }),
             #[cfg(feature = "cuda")]
-            WriteSource::Device(src) => Fill::Device(crate::cuda::copy::DeviceFill {
+            WriteSource::Device(src) => Either::Device(crate::cuda::copy::DeviceFill {
                 src,
                 offset,
                 stream: None,
                 error: None,
             }),
         };
-        let early = match self.check(OpKind::Write, offset, len) {
-            Err(e) => Some(Err(e)),
-            Ok(()) if len == 0 => Some(Ok(0)),
-            Ok(()) => None,
-        };
-        let inner = match early {
-            Some(r) => OpFuture::ready(shared, OpKind::Write, transfer, r),
-            None => OpFuture::new(
-                shared,
-                OpRequest::Write {
-                    file: self.inner.clone(),
-                    offset,
-                    len: len as u64,
-                },
-                transfer,
-            ),
-        };
+        let inner = self.start(OpKind::Write, offset, len, transfer);
         WriteFrom { inner }
     }
 

@@ -54,22 +54,16 @@ impl DeviceCopyOut<'_> {
         let ctx = stream.context();
         ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
         arena.ensure_pinned(ctx);
-        let want_end = self.offset + self.dst.byte_len() as u64;
-        let offset = self.offset;
+        let (offset, len) = (self.offset, self.dst.byte_len());
         let (dptr, write_guard) = self.dst.write_ptr(stream);
         for p in pieces {
-            let start = p.piece.pos.max(offset);
-            let end = (p.piece.pos + p.valid as u64).min(want_end);
-            if start >= end {
+            let Some((from, to, n)) = p.overlap(offset, len) else {
                 continue;
-            }
-            let n = (end - start) as usize;
-            let from = (start - p.piece.pos) as usize;
-            let to = start - offset;
+            };
             // SAFETY: the source lies inside a slot this future owns until the reactor sees the
             // event recorded below complete; the destination range [to, to + n) lies inside the
-            // device buffer (end <= want_end), whose pointer cudarc gave us for writing on
-            // `stream`; the copy is ordered on that stream.
+            // device buffer (overlap clips it to `len`), whose pointer cudarc gave us for
+            // writing on `stream`; the copy is ordered on that stream.
             let rc = unsafe {
                 sys::cuMemcpyHtoDAsync_v2(
                     dptr + to,
@@ -99,31 +93,49 @@ impl Transfer for DeviceCopyOut<'_> {
             .stream
             .clone()
             .unwrap_or_else(|| self.dst.own_stream().clone());
-        match self.issue(&pieces, arena, &stream) {
-            Ok(ev) => {
-                let slots = pieces.into_iter().map(|p| p.slot).collect();
-                Some(Msg::Gated(
-                    Box::new(EventGate(ev)),
-                    Box::new(Msg::Release(shared.clone(), slots)),
-                ))
-            }
-            Err(reason) => {
-                let at = pieces.first().map_or(self.offset, |p| p.piece.pos);
-                self.error = Some(Error::cuda_msg(
-                    Context::op(OpKind::Read)
-                        .with_offset(at)
-                        .with_backend("cuda"),
-                    reason,
-                ));
-                // Copies may be queued with no event to say when they end: the slots stay
-                // out of service for good.
-                Some(Msg::Abandon(shared.clone(), pieces))
-            }
-        }
+        let issued = self.issue(&pieces, arena, &stream);
+        let (op, offset) = (OpKind::Read, self.offset);
+        gate_or_abandon(
+            issued,
+            pieces,
+            shared,
+            &mut self.error,
+            op,
+            offset,
+            |s, p| Msg::Release(s, p.into_iter().map(|p| p.slot).collect()),
+        )
     }
 
     fn take_error(&mut self) -> Option<Error> {
         self.error.take()
+    }
+}
+
+/// After queuing copies: on success, the message `then` builds waits behind the copies' event;
+/// on failure the op fails with the reason, and the pieces are abandoned (copies may be queued
+/// with no event to say when they end, so their slots stay out of service for good).
+fn gate_or_abandon(
+    issued: Result<CudaEvent, String>,
+    pieces: Vec<ReadyPiece>,
+    shared: &Arc<OpShared>,
+    error: &mut Option<Error>,
+    op: OpKind,
+    offset: u64,
+    then: impl FnOnce(Arc<OpShared>, Vec<ReadyPiece>) -> Msg,
+) -> Option<Msg> {
+    match issued {
+        Ok(ev) => Some(Msg::Gated(
+            Box::new(EventGate(ev)),
+            Box::new(then(shared.clone(), pieces)),
+        )),
+        Err(reason) => {
+            let at = pieces.first().map_or(offset, |p| p.piece.pos);
+            *error = Some(Error::cuda_msg(
+                Context::op(op).with_offset(at).with_backend("cuda"),
+                reason,
+            ));
+            Some(Msg::Abandon(shared.clone(), pieces))
+        }
     }
 }
 
@@ -177,22 +189,17 @@ impl Transfer for DeviceFill<'_> {
             .stream
             .clone()
             .unwrap_or_else(|| self.src.own_stream().clone());
-        match self.issue(&pieces, arena, &stream) {
-            Ok(ev) => Some(Msg::Gated(
-                Box::new(EventGate(ev)),
-                Box::new(Msg::Filled(shared.clone(), pieces)),
-            )),
-            Err(reason) => {
-                let at = pieces.first().map_or(self.offset, |p| p.piece.pos);
-                self.error = Some(Error::cuda_msg(
-                    Context::op(OpKind::Write)
-                        .with_offset(at)
-                        .with_backend("cuda"),
-                    reason,
-                ));
-                Some(Msg::Abandon(shared.clone(), pieces))
-            }
-        }
+        let issued = self.issue(&pieces, arena, &stream);
+        let (op, offset) = (OpKind::Write, self.offset);
+        gate_or_abandon(
+            issued,
+            pieces,
+            shared,
+            &mut self.error,
+            op,
+            offset,
+            Msg::Filled,
+        )
     }
 
     fn take_error(&mut self) -> Option<Error> {

@@ -49,20 +49,9 @@ pub trait DeviceSrc: Send + Sync {
     fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>);
 }
 
-macro_rules! device_dst {
+macro_rules! device_src {
     ($($ty:ty),*) => {$(
         impl<T: Pod> Sealed for $ty {}
-        impl<T: Pod> DeviceDst for $ty {
-            fn byte_len(&self) -> usize {
-                DeviceSlice::num_bytes(self)
-            }
-            fn own_stream(&self) -> &Arc<CudaStream> {
-                DeviceSlice::stream(self)
-            }
-            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
-                DevicePtrMut::device_ptr_mut(self, stream)
-            }
-        }
         impl<T: Pod> DeviceSrc for $ty {
             fn byte_len(&self) -> usize {
                 DeviceSlice::num_bytes(self)
@@ -74,11 +63,6 @@ macro_rules! device_dst {
                 DevicePtr::device_ptr(self, stream)
             }
         }
-        impl<T: Pod> ReadDst for $ty {
-            fn target(&mut self) -> ReadTarget<'_> {
-                ReadTarget::Device(self)
-            }
-        }
         impl<T: Pod> WriteSrc for $ty {
             fn source(&self) -> WriteSource<'_> {
                 WriteSource::Device(self)
@@ -87,22 +71,26 @@ macro_rules! device_dst {
     )*};
 }
 
-device_dst!(CudaSlice<T>, CudaViewMut<'_, T>);
+macro_rules! device_dst {
+    ($($ty:ty),*) => {$(
+        impl<T: Pod> DeviceDst for $ty {
+            fn byte_len(&self) -> usize {
+                DeviceSlice::num_bytes(self)
+            }
+            fn own_stream(&self) -> &Arc<CudaStream> {
+                DeviceSlice::stream(self)
+            }
+            fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+                DevicePtrMut::device_ptr_mut(self, stream)
+            }
+        }
+        impl<T: Pod> ReadDst for $ty {
+            fn target(&mut self) -> ReadTarget<'_> {
+                ReadTarget::Device(self)
+            }
+        }
+    )*};
+}
 
-impl<T: Pod> Sealed for CudaView<'_, T> {}
-impl<T: Pod> DeviceSrc for CudaView<'_, T> {
-    fn byte_len(&self) -> usize {
-        DeviceSlice::num_bytes(self)
-    }
-    fn own_stream(&self) -> &Arc<CudaStream> {
-        DeviceSlice::stream(self)
-    }
-    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
-        DevicePtr::device_ptr(self, stream)
-    }
-}
-impl<T: Pod> WriteSrc for CudaView<'_, T> {
-    fn source(&self) -> WriteSource<'_> {
-        WriteSource::Device(self)
-    }
-}
+device_src!(CudaSlice<T>, CudaViewMut<'_, T>, CudaView<'_, T>);
+device_dst!(CudaSlice<T>, CudaViewMut<'_, T>);

@@ -120,6 +120,7 @@ pub(crate) enum Msg {
     /// Stop; complete the carried op (if any) when fully drained.
     Shutdown(SubmitMsg),
     /// Act on the inner message once the gate opens (a CUDA copy has finished with the slots).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Gated(Box<dyn Gate>, Box<Msg>),
     /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
     /// account for them, never reuse their slots.
@@ -145,6 +146,7 @@ pub(crate) trait Gate: Send {
 }
 
 /// What a [`Gate`] says.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) enum GateState {
     /// Done: act on the message.
     Open,

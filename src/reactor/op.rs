@@ -23,6 +23,23 @@ pub(crate) struct ReadyPiece {
     pub(crate) slot: BounceSlot,
 }
 
+impl ReadyPiece {
+    /// Where this piece's valid bytes meet the caller's range: file bytes
+    /// `[offset, offset + len)` held by the caller's buffer. Returns (offset in the slot,
+    /// offset in the caller's buffer, bytes), or `None` if they do not meet.
+    pub(crate) fn overlap(&self, offset: u64, len: usize) -> Option<(usize, u64, usize)> {
+        let start = self.piece.pos.max(offset);
+        let end = (self.piece.pos + self.valid as u64).min(offset + len as u64);
+        (start < end).then(|| {
+            (
+                (start - self.piece.pos) as usize,
+                start - offset,
+                (end - start) as usize,
+            )
+        })
+    }
+}
+
 /// State behind the mutex.
 #[derive(Default)]
 pub(crate) struct OpState {
@@ -103,6 +120,34 @@ pub(crate) trait Transfer: Send + Unpin {
     }
 }
 
+/// Host or device side of a transfer: one future type serves both.
+pub(crate) enum Either<H, D> {
+    Host(H),
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Device(D),
+}
+
+impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &BounceArena,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        match self {
+            Either::Host(t) => t.transfer(pieces, arena, shared),
+            Either::Device(t) => t.transfer(pieces, arena, shared),
+        }
+    }
+
+    fn take_error(&mut self) -> Option<Error> {
+        match self {
+            Either::Host(t) => t.take_error(),
+            Either::Device(t) => t.take_error(),
+        }
+    }
+}
+
 /// Operations that move no data through slots (fsync, shutdown).
 pub(crate) struct NoTransfer;
 
@@ -141,6 +186,7 @@ pub(crate) struct OpFuture<T: Transfer> {
 
 impl<T: Transfer> OpFuture<T> {
     /// The transfer, to adjust before the first poll.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn transfer_mut(&mut self) -> &mut T {
         &mut self.transfer
     }

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use super::Msg;
-use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
+#[cfg(not(feature = "cuda"))]
+use super::op::NoTransfer;
+use super::op::{Either, OpFuture, OpShared, ReadyPiece, Transfer};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -23,17 +25,10 @@ impl Transfer for HostCopyOut<'_> {
         arena: &BounceArena,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
-        let want_end = self.offset + self.dst.len() as u64;
         let mut slots = Vec::with_capacity(pieces.len());
         for p in pieces {
-            let have_start = p.piece.pos;
-            let have_end = p.piece.pos + p.valid as u64;
-            let start = have_start.max(self.offset);
-            let end = have_end.min(want_end);
-            if start < end {
-                let n = (end - start) as usize;
-                let from = (start - have_start) as usize;
-                let to = (start - self.offset) as usize;
+            if let Some((from, to, n)) = p.overlap(self.offset, self.dst.len()) {
+                let to = to as usize;
                 // SAFETY: the reactor handed this slot to this future and takes it back only
                 // through the Release message sent below, so nothing writes it meanwhile; the
                 // arena stays mapped because the engine (and this future's Arc) holds it.
@@ -47,34 +42,10 @@ impl Transfer for HostCopyOut<'_> {
 }
 
 /// Where read bytes go: host memory, or device memory through a copy engine.
-pub(crate) enum CopyOut<'a> {
-    Host(HostCopyOut<'a>),
-    #[cfg(feature = "cuda")]
-    Device(crate::cuda::copy::DeviceCopyOut<'a>),
-}
-
-impl Transfer for CopyOut<'_> {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        match self {
-            CopyOut::Host(t) => t.transfer(pieces, arena, shared),
-            #[cfg(feature = "cuda")]
-            CopyOut::Device(t) => t.transfer(pieces, arena, shared),
-        }
-    }
-
-    fn take_error(&mut self) -> Option<crate::Error> {
-        match self {
-            CopyOut::Host(t) => t.take_error(),
-            #[cfg(feature = "cuda")]
-            CopyOut::Device(t) => t.take_error(),
-        }
-    }
-}
+#[cfg(feature = "cuda")]
+pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, crate::cuda::copy::DeviceCopyOut<'a>>;
+#[cfg(not(feature = "cuda"))]
+pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, NoTransfer>;
 
 /// Future of [`File::read_into`](crate::File::read_into): bytes read, short only at end of file.
 ///
@@ -95,7 +66,7 @@ impl ReadInto<'_> {
     /// destinations. Call before the first poll.
     #[cfg(feature = "cuda")]
     pub fn on_stream(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
-        if let CopyOut::Device(d) = self.inner.transfer_mut() {
+        if let Either::Device(d) = self.inner.transfer_mut() {
             d.stream = Some(stream.clone());
         }
         self

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use super::Msg;
-use super::op::{OpFuture, OpShared, ReadyPiece, Transfer};
+#[cfg(not(feature = "cuda"))]
+use super::op::NoTransfer;
+use super::op::{Either, OpFuture, OpShared, ReadyPiece, Transfer};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -36,34 +38,10 @@ impl Transfer for HostFill<'_> {
 }
 
 /// Where written bytes come from: host memory, or device memory through a copy engine.
-pub(crate) enum Fill<'a> {
-    Host(HostFill<'a>),
-    #[cfg(feature = "cuda")]
-    Device(crate::cuda::copy::DeviceFill<'a>),
-}
-
-impl Transfer for Fill<'_> {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        match self {
-            Fill::Host(t) => t.transfer(pieces, arena, shared),
-            #[cfg(feature = "cuda")]
-            Fill::Device(t) => t.transfer(pieces, arena, shared),
-        }
-    }
-
-    fn take_error(&mut self) -> Option<crate::Error> {
-        match self {
-            Fill::Host(t) => t.take_error(),
-            #[cfg(feature = "cuda")]
-            Fill::Device(t) => t.take_error(),
-        }
-    }
-}
+#[cfg(feature = "cuda")]
+pub(crate) type Fill<'a> = Either<HostFill<'a>, crate::cuda::copy::DeviceFill<'a>>;
+#[cfg(not(feature = "cuda"))]
+pub(crate) type Fill<'a> = Either<HostFill<'a>, NoTransfer>;
 
 /// Future of [`File::write_from`](crate::File::write_from): the whole source is written, or an
 /// error is returned. Cancel-safe in the same sense as [`ReadInto`](crate::ReadInto); a write
@@ -78,7 +56,7 @@ impl WriteFrom<'_> {
     /// they follow the kernels the caller queued there. No effect for host sources.
     #[cfg(feature = "cuda")]
     pub fn on_stream(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
-        if let Fill::Device(d) = self.inner.transfer_mut() {
+        if let Either::Device(d) = self.inner.transfer_mut() {
             d.stream = Some(stream.clone());
         }
         self
