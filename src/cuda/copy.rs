@@ -28,6 +28,20 @@ impl Gate for EventGate {
     }
 }
 
+/// Binds the stream's context, makes sure the pool is pinned, runs `issue` (which queues the
+/// copies on `stream`), and records the event the reactor will poll before reusing the slots.
+fn queue_copies(
+    arena: &BounceArena,
+    stream: &Arc<CudaStream>,
+    issue: impl FnOnce() -> Result<(), String>,
+) -> Result<CudaEvent, String> {
+    let ctx = stream.context();
+    ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+    arena.ensure_pinned(ctx);
+    issue()?;
+    stream.record_event(None).map_err(|e| format!("{e:?}"))
+}
+
 fn check(rc: CUresult, what: &str) -> Result<(), String> {
     if rc == CUresult::CUDA_SUCCESS {
         Ok(())
@@ -51,34 +65,34 @@ impl DeviceCopyOut<'_> {
         arena: &BounceArena,
         stream: &Arc<CudaStream>,
     ) -> Result<CudaEvent, String> {
-        let ctx = stream.context();
-        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-        arena.ensure_pinned(ctx);
         let (offset, len) = (self.offset, self.dst.byte_len());
-        let (dptr, write_guard) = self.dst.write_ptr(stream);
-        for p in pieces {
-            let Some((from, to, n)) = p.overlap(offset, len) else {
-                continue;
-            };
-            // SAFETY: the source lies inside a slot this future owns until the reactor sees the
-            // event recorded below complete; the destination range [to, to + n) lies inside the
-            // device buffer (overlap clips it to `len`), whose pointer cudarc gave us for
-            // writing on `stream`; the copy is ordered on that stream.
-            let rc = unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
-                    dptr + to,
-                    arena.slot_ptr(&p.slot).add(from).cast(),
-                    n,
-                    stream.cu_stream(),
-                )
-            };
-            check(rc, "cuMemcpyHtoDAsync")?;
-        }
-        // Record cudarc's write event now (not when the future finishes): any later use of the
-        // buffer through cudarc, on any stream, is then ordered after these copies, even if
-        // this future is leaked.
-        drop(write_guard);
-        stream.record_event(None).map_err(|e| format!("{e:?}"))
+        let dst = &mut *self.dst;
+        queue_copies(arena, stream, || {
+            let (dptr, write_guard) = dst.write_ptr(stream);
+            for p in pieces {
+                let Some((from, to, n)) = p.overlap(offset, len) else {
+                    continue;
+                };
+                // SAFETY: the source lies inside a slot this future owns until the reactor sees the
+                // event recorded below complete; the destination range [to, to + n) lies inside the
+                // device buffer (overlap clips it to `len`), whose pointer cudarc gave us for
+                // writing on `stream`; the copy is ordered on that stream.
+                let rc = unsafe {
+                    sys::cuMemcpyHtoDAsync_v2(
+                        dptr + to,
+                        arena.slot_ptr(&p.slot).add(from).cast(),
+                        n,
+                        stream.cu_stream(),
+                    )
+                };
+                check(rc, "cuMemcpyHtoDAsync")?;
+            }
+            // Record cudarc's write event now (not when the future finishes): any later use of the
+            // buffer through cudarc, on any stream, is then ordered after these copies, even if
+            // this future is leaked.
+            drop(write_guard);
+            Ok(())
+        })
     }
 }
 
@@ -154,27 +168,27 @@ impl DeviceFill<'_> {
         arena: &BounceArena,
         stream: &Arc<CudaStream>,
     ) -> Result<CudaEvent, String> {
-        let ctx = stream.context();
-        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-        arena.ensure_pinned(ctx);
-        let (sptr, read_guard) = self.src.read_ptr(stream);
-        for p in pieces {
-            let from = p.piece.pos - self.offset;
-            // SAFETY: the slot is owned by this future until the reactor sees the event below
-            // complete; [from, from + valid) lies inside the source (pieces cover exactly the
-            // requested range); the copy is ordered on `stream`.
-            let rc = unsafe {
-                sys::cuMemcpyDtoHAsync_v2(
-                    arena.slot_ptr(&p.slot).cast(),
-                    sptr + from,
-                    p.valid,
-                    stream.cu_stream(),
-                )
-            };
-            check(rc, "cuMemcpyDtoHAsync")?;
-        }
-        drop(read_guard);
-        stream.record_event(None).map_err(|e| format!("{e:?}"))
+        let (offset, src) = (self.offset, self.src);
+        queue_copies(arena, stream, || {
+            let (sptr, read_guard) = src.read_ptr(stream);
+            for p in pieces {
+                let from = p.piece.pos - offset;
+                // SAFETY: the slot is owned by this future until the reactor sees the event below
+                // complete; [from, from + valid) lies inside the source (pieces cover exactly the
+                // requested range); the copy is ordered on `stream`.
+                let rc = unsafe {
+                    sys::cuMemcpyDtoHAsync_v2(
+                        arena.slot_ptr(&p.slot).cast(),
+                        sptr + from,
+                        p.valid,
+                        stream.cu_stream(),
+                    )
+                };
+                check(rc, "cuMemcpyDtoHAsync")?;
+            }
+            drop(read_guard);
+            Ok(())
+        })
     }
 }
 
