@@ -7,6 +7,13 @@
 //! and tail through a buffered descriptor of the same file: the kernel keeps the two coherent
 //! (direct I/O flushes and invalidates the page cache over its range), and no read-modify-write
 //! of a shared block races with other writers.
+//!
+//! The file layer plans writes with the alignment rounded up to a page, so within one write the
+//! buffered edges and the direct middle never share a page. Across *concurrent* writes, one
+//! write's buffered edge can still dirty a page another write covers with O_DIRECT; the kernel
+//! then fails to invalidate that page after the direct write and reports it (EIO at the next
+//! fsync, "Page cache invalidation failure" in the kernel log). Writers that need O_DIRECT
+//! and overlap pages concurrently should align their own writes to pages.
 
 /// Which descriptor of a file a piece goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
