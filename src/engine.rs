@@ -4,7 +4,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, sync_channel};
-use std::time::Duration;
 
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
@@ -58,7 +57,6 @@ pub struct EngineBuilder {
     bounce_slots: usize,
     backend: Backend,
     pread_threads: Option<usize>,
-    spin: Duration,
     punt_min: Option<usize>,
 }
 
@@ -70,7 +68,6 @@ impl Default for EngineBuilder {
             bounce_slots: 32,
             backend: Backend::Auto,
             pread_threads: None,
-            spin: Duration::ZERO,
             punt_min: Some(64 << 10),
         }
     }
@@ -105,14 +102,6 @@ impl EngineBuilder {
     /// Threads of the pread pool, when it serves (default: the queue depth, at most 64).
     pub fn pread_threads(mut self, n: usize) -> Self {
         self.pread_threads = Some(n);
-        self
-    }
-
-    /// How long the reactor keeps polling for follow-up requests after it delivered
-    /// completions, before it sleeps (default zero: off). It only pays where spare cores exist:
-    /// on a 2-core machine 50 µs cost 12% of 4 KiB IOPS (BENCHMARKS.md).
-    pub fn reactor_spin(mut self, d: Duration) -> Self {
-        self.spin = d;
         self
     }
 
@@ -162,7 +151,6 @@ impl EngineBuilder {
         let cfg = ReactorConfig {
             chunk_size: self.chunk_size,
             queue_depth: self.queue_depth,
-            spin: self.spin,
             punt_min: self.punt_min,
         };
         let spawned = std::thread::Builder::new()

@@ -312,3 +312,53 @@ async fn drop_and_leak_mid_flight_then_reuse_and_free() {
         .expect("shutdown hung")
         .unwrap();
 }
+
+/// Copies queued on another stream must finish before the buffer is freed on its own stream,
+/// even after that other stream is gone (which turns cudarc's cross-stream tracking off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn free_after_leaked_read_on_a_dropped_stream() {
+    let Some(ctx) = gpu("free_after_leaked_read_on_a_dropped_stream") else {
+        return;
+    };
+    let home = ctx.default_stream();
+    let dir = tmpdir();
+    const LEN: usize = 128 << 20;
+    let (path, _) = test_file(dir.path(), "d", LEN, 31);
+    let (full, _) = test_file(dir.path(), "full", 16 << 20, 32);
+    let engine = Engine::builder()
+        .chunk_size(1 << 20)
+        .queue_depth(8)
+        .bounce_slots(64)
+        .build()
+        .unwrap();
+    let f = engine.open(&path).unwrap();
+    for _ in 0..3 {
+        let work = ctx.new_stream().unwrap();
+        let mut doomed = home.alloc_zeros::<u8>(LEN).unwrap();
+        {
+            let mut fut = f.read_into(&mut doomed, 0).on_stream(&work);
+            for _ in 0..20 {
+                if poll_once(&mut fut) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(300));
+            }
+            std::mem::forget(fut);
+        }
+        drop(work);
+        drop(doomed);
+        let fresh: Vec<CudaSlice<u8>> = (0..4)
+            .map(|_| home.clone_htod(&vec![0x44u8; LEN / 4]).unwrap())
+            .collect();
+        let g = engine.open(&full).unwrap();
+        let mut b = vec![0u8; 16 << 20];
+        g.read_into(&mut b, 0).await.unwrap();
+        ctx.synchronize().unwrap();
+        for d in &fresh {
+            assert!(
+                d2h(&home, d).iter().all(|&b| b == 0x44),
+                "freed memory written by a queued copy"
+            );
+        }
+    }
+}

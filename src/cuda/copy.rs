@@ -9,7 +9,7 @@ use super::device::{DeviceDst, DeviceSrc};
 use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind};
 use crate::reactor::op::{OpShared, ReadyPiece, Transfer};
-use crate::reactor::{Gate, GateState, Msg};
+use crate::reactor::{Gate, GateState, Gated, Msg};
 
 /// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
 pub(crate) struct EventGate(pub(crate) CudaEvent);
@@ -28,18 +28,27 @@ impl Gate for EventGate {
     }
 }
 
-/// Binds the stream's context, makes sure the pool is pinned, runs `issue` (which queues the
-/// copies on `stream`), and records the event the reactor will poll before reusing the slots.
+/// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
+/// binds the context, makes sure the pool is pinned, runs `issue(stream)`, and records the
+/// event the reactor polls before reusing the slots. When the copies ran on another stream, the
+/// memory's own stream also waits for that event, so whatever is queued there later (cudarc
+/// frees a buffer on its own stream) follows the copies even where cudarc tracks no events.
 fn queue_copies(
     arena: &BounceArena,
-    stream: &Arc<CudaStream>,
-    issue: impl FnOnce() -> Result<(), String>,
+    chosen: Option<&Arc<CudaStream>>,
+    own: &Arc<CudaStream>,
+    issue: impl FnOnce(&Arc<CudaStream>) -> Result<(), String>,
 ) -> Result<CudaEvent, String> {
+    let stream = chosen.unwrap_or(own);
     let ctx = stream.context();
     ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
     arena.ensure_pinned(ctx);
-    issue()?;
-    stream.record_event(None).map_err(|e| format!("{e:?}"))
+    issue(stream)?;
+    let ev = stream.record_event(None).map_err(|e| format!("{e:?}"))?;
+    if stream.cu_stream() != own.cu_stream() {
+        own.wait(&ev).map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(ev)
 }
 
 fn check(rc: CUresult, what: &str) -> Result<(), String> {
@@ -58,25 +67,26 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) error: Option<Error>,
 }
 
-impl DeviceCopyOut<'_> {
-    fn issue(
+impl Transfer for DeviceCopyOut<'_> {
+    fn transfer(
         &mut self,
-        pieces: &[ReadyPiece],
-        arena: &BounceArena,
-        stream: &Arc<CudaStream>,
-    ) -> Result<CudaEvent, String> {
+        pieces: Vec<ReadyPiece>,
+        arena: &Arc<BounceArena>,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
         let (offset, len) = (self.offset, self.dst.byte_len());
+        let own = self.dst.own_stream().clone();
         let dst = &mut *self.dst;
-        queue_copies(arena, stream, || {
+        let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
             let (dptr, write_guard) = dst.write_ptr(stream);
-            for p in pieces {
+            for p in &pieces {
                 let Some((from, to, n)) = p.overlap(offset, len) else {
                     continue;
                 };
-                // SAFETY: the source lies inside a slot this future owns until the reactor sees the
-                // event recorded below complete; the destination range [to, to + n) lies inside the
-                // device buffer (overlap clips it to `len`), whose pointer cudarc gave us for
-                // writing on `stream`; the copy is ordered on that stream.
+                // SAFETY: the source lies inside a slot this future owns until the reactor sees
+                // the copies' event complete; the destination range [to, to + n) lies inside
+                // the device buffer (overlap clips it to `len`), whose pointer cudarc gave us
+                // for writing on `stream`; the copy is ordered on that stream.
                 let rc = unsafe {
                     sys::cuMemcpyHtoDAsync_v2(
                         dptr + to,
@@ -87,36 +97,23 @@ impl DeviceCopyOut<'_> {
                 };
                 check(rc, "cuMemcpyHtoDAsync")?;
             }
-            // Record cudarc's write event now (not when the future finishes): any later use of the
-            // buffer through cudarc, on any stream, is then ordered after these copies, even if
-            // this future is leaked.
+            // Record cudarc's write event now (not when the future finishes): any later use of
+            // the buffer through cudarc, on any stream, is then ordered after these copies,
+            // even if this future is leaked.
             drop(write_guard);
             Ok(())
-        })
-    }
-}
-
-impl Transfer for DeviceCopyOut<'_> {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        let stream = self
-            .stream
-            .clone()
-            .unwrap_or_else(|| self.dst.own_stream().clone());
-        let issued = self.issue(&pieces, arena, &stream);
-        let (op, offset) = (OpKind::Read, self.offset);
+        });
+        let release =
+            |s, p: Vec<ReadyPiece>| Msg::Release(s, p.into_iter().map(|p| p.slot).collect());
         gate_or_abandon(
             issued,
             pieces,
+            arena,
             shared,
             &mut self.error,
-            op,
+            OpKind::Read,
             offset,
-            |s, p| Msg::Release(s, p.into_iter().map(|p| p.slot).collect()),
+            release,
         )
     }
 
@@ -128,9 +125,11 @@ impl Transfer for DeviceCopyOut<'_> {
 /// After queuing copies: on success, the message `then` builds waits behind the copies' event;
 /// on failure the op fails with the reason, and the pieces are abandoned (copies may be queued
 /// with no event to say when they end, so their slots stay out of service for good).
+#[allow(clippy::too_many_arguments)]
 fn gate_or_abandon(
     issued: Result<CudaEvent, String>,
     pieces: Vec<ReadyPiece>,
+    arena: &Arc<BounceArena>,
     shared: &Arc<OpShared>,
     error: &mut Option<Error>,
     op: OpKind,
@@ -138,10 +137,11 @@ fn gate_or_abandon(
     then: impl FnOnce(Arc<OpShared>, Vec<ReadyPiece>) -> Msg,
 ) -> Option<Msg> {
     match issued {
-        Ok(ev) => Some(Msg::Gated(
+        Ok(ev) => Some(Msg::Gated(Gated::new(
             Box::new(EventGate(ev)),
-            Box::new(then(shared.clone(), pieces)),
-        )),
+            then(shared.clone(), pieces),
+            arena,
+        ))),
         Err(reason) => {
             let at = pieces.first().map_or(offset, |p| p.piece.pos);
             *error = Some(Error::cuda_msg(
@@ -161,21 +161,21 @@ pub(crate) struct DeviceFill<'a> {
     pub(crate) error: Option<Error>,
 }
 
-impl DeviceFill<'_> {
-    fn issue(
+impl Transfer for DeviceFill<'_> {
+    fn transfer(
         &mut self,
-        pieces: &[ReadyPiece],
-        arena: &BounceArena,
-        stream: &Arc<CudaStream>,
-    ) -> Result<CudaEvent, String> {
+        pieces: Vec<ReadyPiece>,
+        arena: &Arc<BounceArena>,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
         let (offset, src) = (self.offset, self.src);
-        queue_copies(arena, stream, || {
+        let issued = queue_copies(arena, self.stream.as_ref(), src.own_stream(), |stream| {
             let (sptr, read_guard) = src.read_ptr(stream);
-            for p in pieces {
+            for p in &pieces {
                 let from = p.piece.pos - offset;
-                // SAFETY: the slot is owned by this future until the reactor sees the event below
-                // complete; [from, from + valid) lies inside the source (pieces cover exactly the
-                // requested range); the copy is ordered on `stream`.
+                // SAFETY: the slot is owned by this future until the reactor sees the copies'
+                // event complete; [from, from + valid) lies inside the source (pieces cover
+                // exactly the requested range); the copy is ordered on `stream`.
                 let rc = unsafe {
                     sys::cuMemcpyDtoHAsync_v2(
                         arena.slot_ptr(&p.slot).cast(),
@@ -186,31 +186,17 @@ impl DeviceFill<'_> {
                 };
                 check(rc, "cuMemcpyDtoHAsync")?;
             }
+            // cudarc's read event now: later writes to the source wait for these copies.
             drop(read_guard);
             Ok(())
-        })
-    }
-}
-
-impl Transfer for DeviceFill<'_> {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        let stream = self
-            .stream
-            .clone()
-            .unwrap_or_else(|| self.src.own_stream().clone());
-        let issued = self.issue(&pieces, arena, &stream);
-        let (op, offset) = (OpKind::Write, self.offset);
+        });
         gate_or_abandon(
             issued,
             pieces,
+            arena,
             shared,
             &mut self.error,
-            op,
+            OpKind::Write,
             offset,
             Msg::Filled,
         )

@@ -121,7 +121,7 @@ pub(crate) enum Msg {
     Shutdown(SubmitMsg),
     /// Act on the inner message once the gate opens (a CUDA copy has finished with the slots).
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Gated(Box<dyn Gate>, Box<Msg>),
+    Gated(Gated),
     /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
     /// account for them, never reuse their slots.
     Abandon(Arc<OpShared>, Vec<ReadyPiece>),
@@ -134,7 +134,7 @@ impl Msg {
     fn is_urgent(&self) -> bool {
         match self {
             Msg::Release(..) | Msg::Cancel(..) => false,
-            Msg::Gated(_, inner) => inner.is_urgent(),
+            Msg::Gated(g) => g.inner.as_ref().is_some_and(|m| m.is_urgent()),
             _ => true,
         }
     }
@@ -154,6 +154,41 @@ pub(crate) enum GateState {
     Closed,
     /// It will never tell: leak what the message holds.
     Broken(String),
+}
+
+/// A message that must wait for a gate (a CUDA copy touching bounce slots) to open.
+///
+/// If it is dropped before the reactor acted on it (sent after the reactor exited, or left in
+/// the queue of a reactor that died) while the copy may still run, the bounce pool is kept
+/// mapped and pinned for good: a copy engine must never touch memory that was given back.
+pub(crate) struct Gated {
+    gate: Box<dyn Gate>,
+    inner: Option<Box<Msg>>,
+    arena: Arc<BounceArena>,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Gated {
+    pub(crate) fn new(gate: Box<dyn Gate>, inner: Msg, arena: &Arc<BounceArena>) -> Self {
+        Gated {
+            gate,
+            inner: Some(Box::new(inner)),
+            arena: arena.clone(),
+        }
+    }
+
+    /// The message behind the gate; the gate's copy is no longer this value's concern.
+    fn take(&mut self) -> Option<Msg> {
+        self.inner.take().map(|m| *m)
+    }
+}
+
+impl Drop for Gated {
+    fn drop(&mut self) {
+        if self.inner.is_some() && !matches!(self.gate.poll(), GateState::Open) {
+            std::mem::forget(self.arena.clone());
+        }
+    }
 }
 
 /// How long shutdown waits for gated work (CUDA copies) before leaking it and exiting.
@@ -279,8 +314,6 @@ struct InflightIo {
 pub(crate) struct ReactorConfig {
     pub(crate) chunk_size: usize,
     pub(crate) queue_depth: usize,
-    /// How long to wait for follow-up requests after delivering completions before sleeping.
-    pub(crate) spin: Duration,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
 }
@@ -305,10 +338,8 @@ pub(crate) struct Reactor {
     shutting_down: bool,
     shutdown_waiters: Vec<Arc<OpShared>>,
     completions: Vec<Completion>,
-    /// Completions were handed out since the last sleep decision.
-    delivered: bool,
     /// Messages waiting for their gate to open.
-    gated: Vec<(Box<dyn Gate>, Msg)>,
+    gated: Vec<Gated>,
     /// Some memory may still be touched by work we lost track of: never unmap the pool.
     compromised: bool,
     shutdown_started: Option<Instant>,
@@ -341,7 +372,6 @@ impl Reactor {
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             completions: Vec::new(),
-            delivered: false,
             gated: Vec::new(),
             compromised: false,
             shutdown_started: None,
@@ -387,12 +417,26 @@ impl Reactor {
                 reason: reason.clone(),
             }));
         }
-        if !self.ios.is_empty() {
-            // The kernel may still write into bounce slots and the doorbell buffer: never
-            // unmap them. A dead engine leaks its pool; it must not corrupt memory.
+        // The kernel may still write into bounce slots and the doorbell buffer: unless all of
+        // it is accounted for, never unmap them. A dead engine leaks; it must not corrupt.
+        if !self.ios.is_empty() || self.retire_doorbell().is_err() {
             std::mem::forget(self.driver.take());
             std::mem::forget(self.arena.clone());
         }
+        if self.compromised {
+            std::mem::forget(self.arena.clone());
+        }
+        // Gated messages still held drop here and keep the pool mapped if their copy may run.
+    }
+
+    /// Completes the doorbell read so that the ring can be dropped without the kernel ever
+    /// writing its (freed) buffer.
+    fn retire_doorbell(&mut self) -> std::io::Result<()> {
+        if let Some(Driver::Uring(d)) = self.driver.as_mut() {
+            let bell = self.doorbell.clone();
+            d.retire_doorbell(move || bell.ring_always())?;
+        }
+        Ok(())
     }
 
     fn run(&mut self) -> std::io::Result<()> {
@@ -413,27 +457,6 @@ impl Reactor {
                 self.enforce_shutdown_deadline();
                 if self.ops.is_empty() && self.ios.is_empty() && self.gated.is_empty() {
                     break;
-                }
-            }
-            // Right after handing completions to futures, their next requests usually follow
-            // within microseconds; waiting for them briefly here saves both sides a sleep and a
-            // wake-up (a futex or eventfd round trip, tens of microseconds on a VM).
-            if std::mem::take(&mut self.delivered) && !self.cfg.spin.is_zero() {
-                let until = Instant::now() + self.cfg.spin;
-                let mut got = None;
-                while Instant::now() < until {
-                    match self.rx.try_recv() {
-                        Ok(m) => {
-                            got = Some(m);
-                            break;
-                        }
-                        Err(TryRecvError::Empty) => std::hint::spin_loop(),
-                        Err(TryRecvError::Disconnected) => break,
-                    }
-                }
-                if let Some(m) = got {
-                    self.handle(m);
-                    continue;
                 }
             }
             // Announce sleep, then look once more: a producer that pushed before seeing the
@@ -457,17 +480,13 @@ impl Reactor {
             driver.wait(block, timeout, &mut self.completions)?;
             self.doorbell.awake();
             let done = std::mem::take(&mut self.completions);
-            self.delivered |= !done.is_empty();
             for c in &done {
                 self.on_completion(*c);
             }
             self.completions = done;
             self.completions.clear();
         }
-        if let Some(Driver::Uring(d)) = self.driver.as_mut() {
-            let bell = self.doorbell.clone();
-            d.retire_doorbell(move || bell.ring_always())?;
-        }
+        self.retire_doorbell()?;
         // Dropping the driver closes the ring (or joins the pool) with nothing in flight.
         self.driver.take();
         if self.compromised {
@@ -484,17 +503,20 @@ impl Reactor {
         }
         let mut i = 0;
         while i < self.gated.len() {
-            match self.gated[i].0.poll() {
-                GateState::Closed => i += 1,
-                GateState::Open => {
-                    let (_, msg) = self.gated.swap_remove(i);
-                    self.handle(msg);
-                }
+            let state = self.gated[i].gate.poll();
+            if let GateState::Closed = state {
+                i += 1;
+                continue;
+            }
+            let Some(msg) = self.gated.swap_remove(i).take() else {
+                continue;
+            };
+            match state {
                 GateState::Broken(reason) => {
                     tracing::error!(%reason, "CUDA event failed; leaking its bounce slots");
-                    let (_, msg) = self.gated.swap_remove(i);
                     self.abandon_msg(msg);
                 }
+                _ => self.handle(msg),
             }
         }
     }
@@ -507,7 +529,11 @@ impl Reactor {
                 self.handle(Msg::Abandon(shared, pieces));
             }
             Msg::Release(..) => {}
-            Msg::Gated(_, inner) => self.abandon_msg(*inner),
+            Msg::Gated(mut g) => {
+                if let Some(inner) = g.take() {
+                    self.abandon_msg(inner);
+                }
+            }
             other => self.handle(other),
         }
     }
@@ -522,8 +548,10 @@ impl Reactor {
             pending = self.gated.len(),
             "CUDA copies did not finish within the shutdown deadline; leaking the bounce pool"
         );
-        for (_, msg) in std::mem::take(&mut self.gated) {
-            self.abandon_msg(msg);
+        for mut g in std::mem::take(&mut self.gated) {
+            if let Some(msg) = g.take() {
+                self.abandon_msg(msg);
+            }
         }
     }
 
@@ -624,7 +652,7 @@ impl Reactor {
                     self.maybe_finish(key);
                 }
             }
-            Msg::Gated(gate, inner) => self.gated.push((gate, *inner)),
+            Msg::Gated(g) => self.gated.push(g),
             Msg::Abandon(shared, pieces) => {
                 self.compromised = true;
                 let key = shared.key();
@@ -952,4 +980,51 @@ impl Reactor {
 /// Result of a read or write as the caller sees it.
 pub(crate) fn to_usize(r: Result<u64>) -> Result<usize> {
     r.map(|n| n as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct FixedGate(fn() -> GateState);
+
+    impl Gate for FixedGate {
+        fn poll(&self) -> GateState {
+            (self.0)()
+        }
+    }
+
+    fn gated(state: fn() -> GateState, arena: &Arc<BounceArena>) -> Gated {
+        let release = Msg::Release(OpShared::new(), Vec::new());
+        Gated::new(Box::new(FixedGate(state)), release, arena)
+    }
+
+    /// A gated message dropped before the reactor acted on it keeps the pool mapped unless its
+    /// copy is known to be finished; one the reactor took over does not.
+    #[test]
+    fn undelivered_gated_message_keeps_the_pool_mapped() {
+        let arena = Arc::new(BounceArena::new(1 << 16, 1).unwrap());
+        drop(gated(|| GateState::Open, &arena));
+        assert_eq!(Arc::strong_count(&arena), 1, "finished copy: nothing kept");
+        drop(gated(|| GateState::Closed, &arena));
+        assert_eq!(
+            Arc::strong_count(&arena),
+            2,
+            "running copy: pool kept mapped"
+        );
+        drop(gated(|| GateState::Broken("x".into()), &arena));
+        assert_eq!(
+            Arc::strong_count(&arena),
+            3,
+            "unknown copy: pool kept mapped"
+        );
+        let mut taken = gated(|| GateState::Closed, &arena);
+        assert!(taken.take().is_some());
+        drop(taken);
+        assert_eq!(
+            Arc::strong_count(&arena),
+            3,
+            "reactor took it over: nothing more kept"
+        );
+    }
 }

@@ -110,7 +110,7 @@ pub(crate) trait Transfer: Send + Unpin {
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
+        arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg>;
 
@@ -131,7 +131,7 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
+        arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         match self {
@@ -155,7 +155,7 @@ impl Transfer for NoTransfer {
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        _: &BounceArena,
+        _: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         debug_assert!(pieces.is_empty());
@@ -169,6 +169,8 @@ enum Stage {
     Unsent(Msg),
     /// Sent; waiting for pieces and the result.
     Running(Arc<OpShared>),
+    /// Finished before reaching the reactor (invalid or empty request).
+    Ready(Result<u64>),
     /// Result returned to the caller.
     Done,
 }
@@ -194,15 +196,11 @@ impl<T: Transfer> OpFuture<T> {
     /// A future for `req`, sent on first poll.
     pub(crate) fn new(engine: Arc<EngineShared>, req: OpRequest, transfer: T) -> Self {
         let op = req.op_kind();
-        OpFuture {
-            engine,
-            stage: Stage::Unsent(Msg::Submit(SubmitMsg {
-                shared: None,
-                req: Some(req),
-            })),
-            transfer,
-            op,
-        }
+        let msg = Msg::Submit(SubmitMsg {
+            shared: None,
+            req: Some(req),
+        });
+        Self::with_message(engine, op, transfer, msg)
     }
 
     /// A future for a message that carries the op's `OpShared` (shutdown).
@@ -227,11 +225,9 @@ impl<T: Transfer> OpFuture<T> {
         transfer: T,
         r: Result<u64>,
     ) -> Self {
-        let shared = OpShared::new();
-        shared.complete(r);
         OpFuture {
             engine,
-            stage: Stage::Running(shared),
+            stage: Stage::Ready(r),
             transfer,
             op,
         }
@@ -261,6 +257,12 @@ impl<T: Transfer> Future for OpFuture<T> {
         }
         let shared = match &this.stage {
             Stage::Running(s) => s.clone(),
+            Stage::Ready(_) => {
+                let Stage::Ready(r) = std::mem::replace(&mut this.stage, Stage::Done) else {
+                    unreachable!()
+                };
+                return Poll::Ready(r);
+            }
             Stage::Done => {
                 return Poll::Ready(Err(Error::invalid(
                     Context::op(this.op),

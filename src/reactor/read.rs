@@ -22,7 +22,7 @@ impl Transfer for HostCopyOut<'_> {
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
+        arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         let mut slots = Vec::with_capacity(pieces.len());

@@ -23,7 +23,7 @@ impl Transfer for HostFill<'_> {
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        arena: &BounceArena,
+        arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         for p in &pieces {

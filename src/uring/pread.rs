@@ -30,9 +30,10 @@ pub(crate) struct PreadDriver {
 }
 
 fn run_job(req: &IoRequest) -> i32 {
-    // SAFETY (all arms): `req.buf` is valid for `req.len` bytes (a bounce slot owned by this
-    // job, see `Job`), and `req.fd` stays open until the op completes (the op holds its file).
+    // `req.fd` stays open until the op completes (the reactor's op holds its file).
     let r = match req.kind {
+        // SAFETY: `req.buf` is valid for writes of `req.len` bytes: a bounce slot owned by this
+        // job alone until its completion is posted (see `Job`).
         IoKind::Read => unsafe {
             libc::pread(
                 req.fd,
@@ -41,6 +42,7 @@ fn run_job(req: &IoRequest) -> i32 {
                 req.pos as libc::off_t,
             )
         },
+        // SAFETY: `req.buf` is valid for reads of `req.len` bytes, owned as above.
         IoKind::Write => unsafe {
             libc::pwrite(
                 req.fd,
@@ -49,6 +51,7 @@ fn run_job(req: &IoRequest) -> i32 {
                 req.pos as libc::off_t,
             )
         },
+        // SAFETY: no memory is passed; the descriptor is open (see above).
         IoKind::Fsync => unsafe { libc::fsync(req.fd) as isize },
     };
     if r < 0 {

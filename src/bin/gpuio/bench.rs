@@ -110,10 +110,6 @@ pub struct BenchArgs {
     /// Seconds to run.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Microseconds the reactor polls for follow-up requests before sleeping (engine default
-    /// when absent).
-    #[arg(long)]
-    reactor_spin_us: Option<u64>,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long)]
     inline_copies: bool,
@@ -152,12 +148,8 @@ pub async fn run(a: BenchArgs) -> CliResult {
             None
         } else {
             Some(64 << 10)
-        });
-    let engine = match a.reactor_spin_us {
-        Some(us) => engine.reactor_spin(Duration::from_micros(us)),
-        None => engine,
-    }
-    .build()?;
+        })
+        .build()?;
 
     // The file: given, or a temporary one we fill first.
     let _tmp;
