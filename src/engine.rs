@@ -15,17 +15,31 @@ use crate::uring::Driver;
 use crate::uring::pread::PreadDriver;
 use crate::uring::ring::UringDriver;
 
-/// Which kernel interface serves an engine's I/O.
+/// Which interface serves an engine's I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Backend {
-    /// io_uring where it can be set up, else the pread pool (and the reason is recorded).
+    /// io_uring where it can be set up, else the pread pool (and the reason is recorded); for
+    /// device memory, cuFile per file where it registers the file, else the bounce path (see
+    /// [`crate::gds`]).
     #[default]
     Auto,
-    /// io_uring only; building the engine fails where it is unavailable.
+    /// io_uring only; building the engine fails where it is unavailable. No cuFile.
     Uring,
-    /// The pread/pwrite thread pool.
+    /// The pread/pwrite thread pool. No cuFile.
     Pread,
+    /// cuFile for every device-memory transfer: opening a file fails where cuFile cannot
+    /// register it, and cuFile errors are reported instead of falling back. Host-memory
+    /// transfers use io_uring (or the pread pool).
+    Gds,
+}
+
+/// Whether and how an engine uses cuFile for device transfers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GdsMode {
+    Off,
+    Auto,
+    Forced,
 }
 
 impl std::str::FromStr for Backend {
@@ -35,7 +49,8 @@ impl std::str::FromStr for Backend {
             "auto" => Ok(Backend::Auto),
             "uring" | "io_uring" => Ok(Backend::Uring),
             "pread" => Ok(Backend::Pread),
-            other => Err(format!("unknown backend {other:?} (auto, uring, pread)")),
+            "gds" | "cufile" => Ok(Backend::Gds),
+            other => Err(format!("unknown backend {other:?} (auto, uring, pread, gds)")),
         }
     }
 }
@@ -134,6 +149,16 @@ impl EngineBuilder {
         if !(1..=u16::MAX as usize).contains(&self.bounce_slots) {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
         }
+        if self.backend == Backend::Gds {
+            #[cfg(feature = "cuda")]
+            crate::gds::driver::cufile()
+                .map_err(|why| Error::unsupported(ctx().with_backend("cufile"), why))?;
+            #[cfg(not(feature = "cuda"))]
+            return Err(Error::unsupported(
+                ctx().with_backend("cufile"),
+                "gpuio was built without the `cuda` feature",
+            ));
+        }
         let block = self.chunk_size.next_power_of_two();
         let arena = Arc::new(
             BounceArena::new(block, self.bounce_slots)
@@ -186,10 +211,16 @@ impl EngineBuilder {
                 });
             }
         };
+        let gds_mode = match self.backend {
+            Backend::Auto => GdsMode::Auto,
+            Backend::Gds => GdsMode::Forced,
+            Backend::Uring | Backend::Pread => GdsMode::Off,
+        };
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 shared,
                 info,
+                gds_mode,
                 chunk_size: self.chunk_size,
                 queue_depth: self.queue_depth,
                 bounce_bytes: block * self.bounce_slots,
@@ -224,7 +255,7 @@ fn make_driver(
             )
         }),
         Backend::Pread => pool(String::new()),
-        Backend::Auto => match uring() {
+        Backend::Auto | Backend::Gds => match uring() {
             Ok(d) => Ok(Driver::Uring(d)),
             Err(e) => {
                 let reason = format!("io_uring unavailable: {e}");
@@ -238,6 +269,8 @@ fn make_driver(
 struct EngineInner {
     shared: Arc<EngineShared>,
     info: BackendInfo,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    gds_mode: GdsMode,
     chunk_size: usize,
     queue_depth: usize,
     bounce_bytes: usize,
@@ -356,5 +389,10 @@ impl Engine {
 
     pub(crate) fn shared(&self) -> &Arc<EngineShared> {
         &self.inner.shared
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn gds_mode(&self) -> GdsMode {
+        self.inner.gds_mode
     }
 }

@@ -8,13 +8,36 @@ use std::sync::Arc;
 use crate::buf::arena::MIN_SLOT;
 use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
+#[cfg(feature = "cuda")]
+use crate::engine::GdsMode;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::reactor::OpRequest;
+use crate::reactor::{DeviceHint, OpRequest};
 use crate::reactor::op::{Either, NoTransfer, OpFuture, Transfer};
 use crate::reactor::read::{HostCopyOut, ReadInto};
 use crate::reactor::write::{HostFill, WriteFrom};
 use crate::uring::align::{self, DirectAlignment};
 use crate::uring::plan::MAX_POS;
+
+/// Future of a stream-ordered cuFile operation ([`File::read_on_stream`],
+/// [`File::write_on_stream`]): bytes moved, once the stream has passed the operation.
+#[cfg(feature = "cuda")]
+#[must_use = "the operation runs anyway; the future only reports its result"]
+pub struct StreamIo {
+    inner: OpFuture<NoTransfer>,
+}
+
+#[cfg(feature = "cuda")]
+impl std::future::Future for StreamIo {
+    type Output = Result<usize>;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<usize>> {
+        std::pin::Pin::new(&mut self.inner)
+            .poll(cx)
+            .map(crate::reactor::to_usize)
+    }
+}
 
 /// How to open a file; like `std::fs::OpenOptions`, plus `direct` for O_DIRECT.
 #[derive(Debug, Clone, Default)]
@@ -151,11 +174,14 @@ impl OpenOptions {
         } else {
             None
         };
-        Ok(File {
+        let file_path = path.clone();
+        let file = File {
             inner: Arc::new(FileInner {
                 fd,
                 buffered,
-                path,
+                #[cfg(feature = "cuda")]
+                gds: std::sync::OnceLock::new(),
+                path: file_path,
                 align,
                 // Direct writes send unaligned edges through the page cache; planning their
                 // direct middle on whole pages keeps the two from ever sharing a page, which
@@ -167,7 +193,15 @@ impl OpenOptions {
                 writable: self.write,
             }),
             engine: engine.clone(),
-        })
+        };
+        // `Backend::Gds` promises cuFile for device transfers: find out now, not mid-read.
+        #[cfg(feature = "cuda")]
+        if engine.gds_mode() == GdsMode::Forced {
+            if let Err(why) = file.inner.gds_registration(GdsMode::Forced) {
+                return Err(Error::unsupported(ctx().with_backend("cufile"), why));
+            }
+        }
+        Ok(file)
     }
 }
 
@@ -192,6 +226,9 @@ fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
 pub(crate) struct FileInner {
     fd: OwnedFd,
     buffered: Option<OwnedFd>,
+    /// The cuFile registration (or why there is none), made on the first device transfer.
+    #[cfg(feature = "cuda")]
+    gds: std::sync::OnceLock<std::result::Result<crate::gds::FileGds, String>>,
     pub(crate) path: Arc<Path>,
     /// Offset alignment for planning reads: the O_DIRECT alignment, or 1.
     pub(crate) align: u64,
@@ -209,6 +246,58 @@ impl FileInner {
 
     pub(crate) fn buffered_raw_fd(&self) -> RawFd {
         self.buffered.as_ref().unwrap_or(&self.fd).as_raw_fd()
+    }
+
+    /// The cuFile registration, if one was made and succeeded.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gds(&self) -> Option<&crate::gds::FileGds> {
+        self.gds.get().and_then(|r| r.as_ref().ok())
+    }
+
+    /// Registers the file with cuFile once (through an O_DIRECT descriptor of its own), or
+    /// says why it cannot be.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gds_registration(
+        &self,
+        mode: GdsMode,
+    ) -> std::result::Result<&crate::gds::FileGds, String> {
+        if mode == GdsMode::Off {
+            return Err("the engine's backend does not use cuFile".into());
+        }
+        let r = self.gds.get_or_init(|| {
+            let r = self.register_gds(mode == GdsMode::Forced);
+            if let Err(why) = &r {
+                tracing::info!(path = %self.path.display(), %why, "cuFile does not serve this file; device transfers use the bounce path");
+            }
+            r
+        });
+        r.as_ref().map_err(|e| e.clone())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn register_gds(&self, forced: bool) -> std::result::Result<crate::gds::FileGds, String> {
+        use crate::gds::handle::GdsHandle;
+        let mut opts = std::fs::OpenOptions::new();
+        opts.read(self.readable)
+            .write(self.writable)
+            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC);
+        let direct = opts
+            .open(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .or_else(|_| opts.open(&self.path))
+            .map_err(|e| format!("cannot reopen the file with O_DIRECT for cuFile: {e}"))?;
+        let fd = OwnedFd::from(direct);
+        let dio = align::query(fd.as_fd())
+            .map_err(|e| format!("statx: {e}"))?
+            .ok_or("the filesystem reports no direct-I/O support, which cuFile needs")?;
+        let align = (dio.offset as u64).max(MIN_SLOT as u64);
+        if align > MIN_SLOT as u64 || dio.memory as usize > MIN_SLOT {
+            return Err(format!(
+                "direct-I/O alignment (memory {}, offset {}) exceeds the 4 KiB staging granularity",
+                dio.memory, dio.offset
+            ));
+        }
+        let handle = GdsHandle::register(fd).map_err(|e| e.to_string())?;
+        Ok(crate::gds::FileGds::new(handle, align, forced))
     }
 }
 
@@ -248,6 +337,17 @@ impl File {
     /// The engine serving this file.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// What serves this file's device-memory transfers: cuFile (true GDS or compatibility
+    /// mode) or the bounce path, with the reason. Registers the file with cuFile if the
+    /// engine's backend allows and that was not tried yet.
+    #[cfg(feature = "cuda")]
+    pub fn gds_status(&self) -> crate::gds::GdsStatus {
+        match self.inner.gds_registration(self.engine.gds_mode()) {
+            Ok(g) => g.status(),
+            Err(why) => crate::gds::GdsStatus::Bounce(why),
+        }
     }
 
     fn ctx(&self, op: OpKind, offset: u64) -> Context {
@@ -292,16 +392,38 @@ impl File {
 
     /// The future of a read or write of `len` bytes at `offset`: finished at once when the
     /// request is invalid or empty, otherwise sent to the reactor on first poll.
-    fn start<T: Transfer>(&self, op: OpKind, offset: u64, len: usize, transfer: T) -> OpFuture<T> {
+    fn start<T: Transfer>(
+        &self,
+        op: OpKind,
+        offset: u64,
+        len: usize,
+        device: DeviceHint,
+        transfer: T,
+    ) -> OpFuture<T> {
         let shared = self.engine.shared().clone();
         match self.check(op, offset, len) {
             Err(e) => OpFuture::ready(shared, op, transfer, Err(e)),
             Ok(()) if len == 0 => OpFuture::ready(shared, op, transfer, Ok(0)),
             Ok(()) => {
+                // Device transfers find out (once per file) whether cuFile serves the file.
+                #[cfg(feature = "cuda")]
+                if device.is_some() {
+                    let _ = self.inner.gds_registration(self.engine.gds_mode());
+                }
                 let (file, len) = (self.inner.clone(), len as u64);
                 let req = match op {
-                    OpKind::Read => OpRequest::Read { file, offset, len },
-                    _ => OpRequest::Write { file, offset, len },
+                    OpKind::Read => OpRequest::Read {
+                        file,
+                        offset,
+                        len,
+                        device,
+                    },
+                    _ => OpRequest::Write {
+                        file,
+                        offset,
+                        len,
+                        device,
+                    },
                 };
                 OpFuture::new(shared, req, transfer)
             }
@@ -320,18 +442,125 @@ impl File {
     ) -> ReadInto<'a> {
         let target = dst.target();
         let len = target.len();
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut device = None;
         let transfer = match target {
             ReadTarget::Host(dst) => Either::Host(HostCopyOut { dst, offset }),
             #[cfg(feature = "cuda")]
-            ReadTarget::Device(dst) => Either::Device(crate::cuda::copy::DeviceCopyOut {
-                dst,
-                offset,
-                stream: None,
-                error: None,
-            }),
+            ReadTarget::Device(dst) => {
+                device = Some(dst.own_stream().context().clone());
+                Either::Device(crate::cuda::copy::DeviceCopyOut {
+                    dst,
+                    offset,
+                    stream: None,
+                    error: None,
+                })
+            }
         };
-        let inner = self.start(OpKind::Read, offset, len, transfer);
+        let inner = self.start(OpKind::Read, offset, len, device, transfer);
         ReadInto { inner }
+    }
+
+    /// Reads `dst`'s length in bytes at `offset` into device memory **as work on `stream`**
+    /// (`cuFileReadAsync`): the read is queued now, runs when the stream reaches it, and
+    /// kernels queued on `stream` afterwards see the data. The returned future resolves to the
+    /// bytes read once the stream has passed the read (await it, or drop it: the read still
+    /// happens). Needs a file cuFile serves ([`File::gds_status`]); otherwise
+    /// [`Error::Unsupported`] says why. `dst` may be borrowed again as soon as this returns:
+    /// every later use of it through cudarc is ordered after the read.
+    #[cfg(feature = "cuda")]
+    pub fn read_on_stream<D: ReadDst + ?Sized>(
+        &self,
+        dst: &mut D,
+        offset: u64,
+        stream: &Arc<cudarc::driver::CudaStream>,
+    ) -> Result<StreamIo> {
+        let ReadTarget::Device(dst) = dst.target() else {
+            return Err(Error::invalid(
+                self.ctx(OpKind::Read, offset),
+                "stream-ordered reads need device memory",
+            ));
+        };
+        let len = dst.byte_len();
+        let own = dst.own_stream().clone();
+        self.on_stream(OpKind::Read, offset, len, stream, &own, |s| {
+            dst.write_ptr(s)
+        })
+    }
+
+    /// Writes `src`'s bytes from device memory to the file at `offset` **as work on `stream`**
+    /// (`cuFileWriteAsync`), after everything queued on `stream` before it. The future
+    /// resolves to the bytes written once the stream has passed the write; a short write is an
+    /// error. Same requirements as [`File::read_on_stream`].
+    #[cfg(feature = "cuda")]
+    pub fn write_on_stream<S: WriteSrc + ?Sized>(
+        &self,
+        src: &S,
+        offset: u64,
+        stream: &Arc<cudarc::driver::CudaStream>,
+    ) -> Result<StreamIo> {
+        let WriteSource::Device(src) = src.source() else {
+            return Err(Error::invalid(
+                self.ctx(OpKind::Write, offset),
+                "stream-ordered writes need device memory",
+            ));
+        };
+        let len = src.byte_len();
+        let own = src.own_stream().clone();
+        self.on_stream(OpKind::Write, offset, len, stream, &own, |s| {
+            src.read_ptr(s)
+        })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn on_stream<'g>(
+        &self,
+        op: OpKind,
+        offset: u64,
+        len: usize,
+        stream: &'g Arc<cudarc::driver::CudaStream>,
+        own: &Arc<cudarc::driver::CudaStream>,
+        ptr: impl FnOnce(&'g cudarc::driver::CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'g>),
+    ) -> Result<StreamIo> {
+        use crate::reactor::op::OpShared;
+        self.check(op, offset, len)?;
+        let engine = self.engine.shared().clone();
+        if len == 0 {
+            return Ok(StreamIo {
+                inner: OpFuture::ready(engine, op, NoTransfer, Ok(0)),
+            });
+        }
+        let ctx = || self.ctx(op, offset).with_backend("cufile-stream");
+        self.inner
+            .gds_registration(self.engine.gds_mode())
+            .map_err(|why| Error::unsupported(ctx(), why))?;
+        let shared = OpShared::new();
+        let (dptr, guard) = ptr(stream);
+        // SAFETY: `dptr` covers `len` bytes of the caller's device memory, which cudarc handed
+        // out for use on `stream`; dropping `guard` right after records cudarc's event for it
+        // behind the queued operation, so every later use (and the free) follows it.
+        let queued = unsafe {
+            crate::gds::stream::enqueue(
+                &engine,
+                &self.inner,
+                stream,
+                dptr,
+                len,
+                offset,
+                op == OpKind::Write,
+                &shared,
+            )
+        };
+        drop(guard);
+        if stream.cu_stream() != own.cu_stream() {
+            // cudarc frees on the memory's own stream: make it wait for the operation too.
+            let ev = stream.record_event(None).map_err(|e| Error::cuda(ctx(), e))?;
+            own.wait(&ev).map_err(|e| Error::cuda(ctx(), e))?;
+        }
+        queued?;
+        Ok(StreamIo {
+            inner: OpFuture::running(engine, op, NoTransfer, shared),
+        })
     }
 
     /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`].
@@ -357,17 +586,22 @@ impl File {
     ) -> WriteFrom<'a> {
         let source = src.source();
         let len = source.len();
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut device = None;
         let transfer = match source {
             WriteSource::Host(src) => Either::Host(HostFill { src, offset }),
             #[cfg(feature = "cuda")]
-            WriteSource::Device(src) => Either::Device(crate::cuda::copy::DeviceFill {
-                src,
-                offset,
-                stream: None,
-                error: None,
-            }),
+            WriteSource::Device(src) => {
+                device = Some(src.own_stream().context().clone());
+                Either::Device(crate::cuda::copy::DeviceFill {
+                    src,
+                    offset,
+                    stream: None,
+                    error: None,
+                })
+            }
         };
-        let inner = self.start(OpKind::Write, offset, len, transfer);
+        let inner = self.start(OpKind::Write, offset, len, device, transfer);
         WriteFrom { inner }
     }
 

@@ -42,12 +42,16 @@ pub mod cuda;
 mod engine;
 mod error;
 mod file;
+#[cfg(feature = "cuda")]
+pub mod gds;
 pub mod reactor;
 pub mod uring;
 
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{Backend, BackendInfo, Engine, EngineBuilder};
 pub use error::{Context, Error, OpKind, Result};
+#[cfg(feature = "cuda")]
+pub use file::StreamIo;
 pub use file::{File, OpenOptions};
 pub use reactor::read::ReadInto;
 pub use reactor::write::WriteFrom;

@@ -174,6 +174,8 @@ impl Drop for BounceArena {
 pub(crate) struct BounceSlot {
     pub(crate) offset: usize,
     pub(crate) order: u8,
+    /// A slot of the device staging pool (cuFile batch I/O), not of the host arena.
+    pub(crate) on_device: bool,
 }
 
 impl BounceSlot {
@@ -191,6 +193,7 @@ pub(crate) struct SlotAllocator {
     #[cfg_attr(not(test), allow(dead_code))]
     total: usize,
     in_use: usize,
+    on_device: bool,
 }
 
 impl SlotAllocator {
@@ -204,6 +207,16 @@ impl SlotAllocator {
             block_size,
             total: block_size * blocks,
             in_use: 0,
+            on_device: false,
+        }
+    }
+
+    /// An allocator over a device staging pool of the same shape.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn for_device(block_size: usize, blocks: usize) -> Self {
+        SlotAllocator {
+            on_device: true,
+            ..Self::new(block_size, blocks)
         }
     }
 
@@ -226,6 +239,7 @@ impl SlotAllocator {
         let slot = BounceSlot {
             offset,
             order: want,
+            on_device: self.on_device,
         };
         self.in_use += slot.size();
         Some(slot)
@@ -233,6 +247,7 @@ impl SlotAllocator {
 
     /// Returns `slot`, merging it with its buddy while the buddy is free.
     pub(crate) fn free(&mut self, slot: BounceSlot) {
+        debug_assert_eq!(slot.on_device, self.on_device, "slot freed into the wrong pool");
         self.in_use -= slot.size();
         let (mut offset, mut order) = (slot.offset, slot.order);
         while order < self.max_order {

@@ -8,6 +8,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use super::device::{DeviceDst, DeviceSrc};
 use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind};
+use crate::gds::pool::StagingPool;
 use crate::reactor::op::{OpShared, ReadyPiece, Transfer};
 use crate::reactor::{Gate, GateState, Gated, Msg};
 
@@ -51,6 +52,16 @@ fn queue_copies(
     Ok(ev)
 }
 
+/// The device address of a piece's staging slot, for pieces cuFile moved (`None`: host slot).
+fn staged(staging: Option<&Arc<StagingPool>>, p: &ReadyPiece) -> Result<Option<u64>, String> {
+    if !p.slot.on_device {
+        return Ok(None);
+    }
+    staging
+        .map(|s| Some(s.base() + p.slot.offset as u64))
+        .ok_or_else(|| "a staging slot arrived without its staging pool".to_string())
+}
+
 fn check(rc: CUresult, what: &str) -> Result<(), String> {
     if rc == CUresult::CUDA_SUCCESS {
         Ok(())
@@ -76,6 +87,7 @@ impl Transfer for DeviceCopyOut<'_> {
     ) -> Option<Msg> {
         let (offset, len) = (self.offset, self.dst.byte_len());
         let own = self.dst.own_stream().clone();
+        let staging = shared.staging.get();
         let dst = &mut *self.dst;
         let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
             let (dptr, write_guard) = dst.write_ptr(stream);
@@ -83,19 +95,26 @@ impl Transfer for DeviceCopyOut<'_> {
                 let Some((from, to, n)) = p.overlap(offset, len) else {
                     continue;
                 };
-                // SAFETY: the source lies inside a slot this future owns until the reactor sees
-                // the copies' event complete; the destination range [to, to + n) lies inside
-                // the device buffer (overlap clips it to `len`), whose pointer cudarc gave us
-                // for writing on `stream`; the copy is ordered on that stream.
-                let rc = unsafe {
-                    sys::cuMemcpyHtoDAsync_v2(
-                        dptr + to,
-                        arena.slot_ptr(&p.slot).add(from).cast(),
-                        n,
-                        stream.cu_stream(),
-                    )
+                let rc = match staged(staging, p)? {
+                    // SAFETY: the source lies inside a staging slot this future owns until the
+                    // reactor sees the copies' event complete; the destination range
+                    // [to, to + n) lies inside the device buffer (overlap clips it to `len`),
+                    // whose pointer cudarc gave us for writing on `stream`; both are on the
+                    // staging pool's device and the copy is ordered on `stream`.
+                    Some(src) => unsafe {
+                        sys::cuMemcpyDtoDAsync_v2(dptr + to, src + from as u64, n, stream.cu_stream())
+                    },
+                    // SAFETY: as above, with the source in a host bounce slot.
+                    None => unsafe {
+                        sys::cuMemcpyHtoDAsync_v2(
+                            dptr + to,
+                            arena.slot_ptr(&p.slot).add(from).cast(),
+                            n,
+                            stream.cu_stream(),
+                        )
+                    },
                 };
-                check(rc, "cuMemcpyHtoDAsync")?;
+                check(rc, "cuMemcpyAsync into device memory")?;
             }
             // Record cudarc's write event now (not when the future finishes): any later use of
             // the buffer through cudarc, on any stream, is then ordered after these copies,
@@ -136,12 +155,15 @@ fn gate_or_abandon(
     offset: u64,
     then: impl FnOnce(Arc<OpShared>, Vec<ReadyPiece>) -> Msg,
 ) -> Option<Msg> {
+    let staging = shared
+        .staging
+        .get()
+        .map(|p| p.clone() as Arc<dyn std::any::Any + Send + Sync>);
     match issued {
-        Ok(ev) => Some(Msg::Gated(Gated::new(
-            Box::new(EventGate(ev)),
-            then(shared.clone(), pieces),
-            arena,
-        ))),
+        Ok(ev) => Some(Msg::Gated(
+            Gated::new(Box::new(EventGate(ev)), then(shared.clone(), pieces), arena)
+                .keeping(staging),
+        )),
         Err(reason) => {
             let at = pieces.first().map_or(offset, |p| p.piece.pos);
             *error = Some(Error::cuda_msg(
@@ -169,22 +191,30 @@ impl Transfer for DeviceFill<'_> {
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         let (offset, src) = (self.offset, self.src);
+        let staging = shared.staging.get();
         let issued = queue_copies(arena, self.stream.as_ref(), src.own_stream(), |stream| {
             let (sptr, read_guard) = src.read_ptr(stream);
             for p in &pieces {
                 let from = p.piece.pos - offset;
-                // SAFETY: the slot is owned by this future until the reactor sees the copies'
-                // event complete; [from, from + valid) lies inside the source (pieces cover
-                // exactly the requested range); the copy is ordered on `stream`.
-                let rc = unsafe {
-                    sys::cuMemcpyDtoHAsync_v2(
-                        arena.slot_ptr(&p.slot).cast(),
-                        sptr + from,
-                        p.valid,
-                        stream.cu_stream(),
-                    )
+                let rc = match staged(staging, p)? {
+                    // SAFETY: the staging slot is owned by this future until the reactor sees
+                    // the copies' event complete; [from, from + valid) lies inside the source
+                    // (pieces cover exactly the requested range); both are on the staging
+                    // pool's device; the copy is ordered on `stream`.
+                    Some(dst) => unsafe {
+                        sys::cuMemcpyDtoDAsync_v2(dst, sptr + from, p.valid, stream.cu_stream())
+                    },
+                    // SAFETY: as above, into a host bounce slot.
+                    None => unsafe {
+                        sys::cuMemcpyDtoHAsync_v2(
+                            arena.slot_ptr(&p.slot).cast(),
+                            sptr + from,
+                            p.valid,
+                            stream.cu_stream(),
+                        )
+                    },
                 };
-                check(rc, "cuMemcpyDtoHAsync")?;
+                check(rc, "cuMemcpyAsync out of device memory")?;
             }
             // cudarc's read event now: later writes to the source wait for these copies.
             drop(read_guard);

@@ -54,17 +54,32 @@ use crate::uring::{Completion, Driver, IoKind, IoRequest};
 use doorbell::Doorbell;
 use op::{OpShared, ReadyPiece};
 
+/// The device a transfer's caller memory lives on (`None`: host memory).
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceHint = Option<Arc<cudarc::driver::CudaContext>>;
+/// Without CUDA every transfer is a host transfer.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type DeviceHint = Option<std::convert::Infallible>;
+
+/// The context type of a [`DeviceHint`].
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
+#[cfg(not(feature = "cuda"))]
+pub(crate) type DeviceCtx = std::convert::Infallible;
+
 /// What the caller asked for.
 pub(crate) enum OpRequest {
     Read {
         file: Arc<FileInner>,
         offset: u64,
         len: u64,
+        device: DeviceHint,
     },
     Write {
         file: Arc<FileInner>,
         offset: u64,
         len: u64,
+        device: DeviceHint,
     },
     Sync {
         file: Arc<FileInner>,
@@ -125,6 +140,9 @@ pub(crate) enum Msg {
     /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
     /// account for them, never reuse their slots.
     Abandon(Arc<OpShared>, Vec<ReadyPiece>),
+    /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
+    #[cfg(feature = "cuda")]
+    StreamDone(crate::gds::stream::StreamDone),
 }
 
 impl Msg {
@@ -165,6 +183,8 @@ pub(crate) struct Gated {
     gate: Box<dyn Gate>,
     inner: Option<Box<Msg>>,
     arena: Arc<BounceArena>,
+    /// Other memory the gated work touches (the device staging pool).
+    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
@@ -174,7 +194,14 @@ impl Gated {
             gate,
             inner: Some(Box::new(inner)),
             arena: arena.clone(),
+            keep: None,
         }
+    }
+
+    /// Also keeps `mem` alive (forever) if the gated work may outlive the reactor.
+    pub(crate) fn keeping(mut self, mem: Option<Arc<dyn std::any::Any + Send + Sync>>) -> Self {
+        self.keep = mem;
+        self
     }
 
     /// The message behind the gate; the gate's copy is no longer this value's concern.
@@ -186,7 +213,11 @@ impl Gated {
 impl Drop for Gated {
     fn drop(&mut self) {
         if self.inner.is_some() && !matches!(self.gate.poll(), GateState::Open) {
+            // The work may still run: leak the memory it touches and the message itself
+            // (stream operations keep their parameter block in it).
             std::mem::forget(self.arena.clone());
+            std::mem::forget(self.keep.take());
+            std::mem::forget(self.inner.take());
         }
     }
 }
@@ -287,6 +318,14 @@ struct OpEntry {
     eof_at: Option<u64>,
     error: Option<Error>,
     cancelled: bool,
+    /// Alignment the plan was made on (a short read not a multiple of it means end of file).
+    align: u64,
+    /// Direct-path pieces go through cuFile batch I/O into device staging slots.
+    gds: bool,
+    /// What serves this op, for error context.
+    backend: &'static str,
+    /// Pieces to run again on the bounce path after cuFile turned the file down.
+    retry: Vec<Piece>,
 }
 
 impl OpEntry {
@@ -294,11 +333,16 @@ impl OpEntry {
         self.cancelled || self.error.is_some()
     }
 
-    fn ctx(&self, offset: u64, backend: &'static str) -> Context {
+    fn ctx(&self, offset: u64) -> Context {
         Context::op(self.kind)
             .with_path(&self.file.path)
             .with_offset(offset)
-            .with_backend(backend)
+            .with_backend(self.backend)
+    }
+
+    /// Whether every piece has been started (or will never be).
+    fn all_started(&self) -> bool {
+        self.stopped() || (self.next == self.plan.len() && self.retry.is_empty())
     }
 }
 
@@ -344,7 +388,17 @@ pub(crate) struct Reactor {
     compromised: bool,
     shutdown_started: Option<Instant>,
     engine: Arc<EngineShared>,
+    /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
+    #[cfg(feature = "cuda")]
+    gds: Option<crate::gds::lane::GdsLane>,
+    /// Why the cuFile lane could not be set up (asked once per engine).
+    #[cfg(feature = "cuda")]
+    gds_unavailable: Option<String>,
 }
+
+/// How often the reactor reaps cuFile batch status while batch I/O is outstanding.
+#[cfg(feature = "cuda")]
+const GDS_POLL_INTERVAL: Duration = Duration::from_micros(20);
 
 impl Reactor {
     pub(crate) fn new(
@@ -376,7 +430,32 @@ impl Reactor {
             compromised: false,
             shutdown_started: None,
             engine,
+            #[cfg(feature = "cuda")]
+            gds: None,
+            #[cfg(feature = "cuda")]
+            gds_unavailable: None,
         }
+    }
+
+    /// Returns a slot to the pool it came from.
+    fn free_slot(&mut self, slot: BounceSlot) {
+        if slot.on_device {
+            #[cfg(feature = "cuda")]
+            if let Some(l) = self.gds.as_mut() {
+                l.slots.free(slot);
+            }
+        } else {
+            self.slots.free(slot);
+        }
+    }
+
+    /// Bounce memory in flight outside the ring (cuFile batch entries).
+    fn lane_outstanding(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(l) = &self.gds {
+            return l.queue.outstanding();
+        }
+        0
     }
 
     /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
@@ -407,7 +486,7 @@ impl Reactor {
         tracing::error!(%reason, "gpuio reactor died");
         for (_, op) in self.ops.iter() {
             op.shared.complete(Err(Error::ReactorDied {
-                ctx: Box::new(op.ctx(op.offset, self.backend)),
+                ctx: Box::new(op.ctx(op.offset)),
                 reason: reason.clone(),
             }));
         }
@@ -422,9 +501,13 @@ impl Reactor {
         if !self.ios.is_empty() || self.retire_doorbell().is_err() {
             std::mem::forget(self.driver.take());
             std::mem::forget(self.arena.clone());
+            #[cfg(feature = "cuda")]
+            std::mem::forget(self.gds.take());
         }
         if self.compromised {
             std::mem::forget(self.arena.clone());
+            #[cfg(feature = "cuda")]
+            std::mem::forget(self.gds.take());
         }
         // Gated messages still held drop here and keep the pool mapped if their copy may run.
     }
@@ -456,6 +539,7 @@ impl Reactor {
             if self.shutting_down {
                 self.enforce_shutdown_deadline();
                 if self.ops.is_empty() && self.ios.is_empty() && self.gated.is_empty() {
+                    debug_assert_eq!(self.lane_outstanding(), 0);
                     break;
                 }
             }
@@ -475,10 +559,25 @@ impl Reactor {
                     false
                 }
             };
-            let timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
+            #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+            let mut timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
+            #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+            let mut block = block;
+            #[cfg(feature = "cuda")]
+            if let Some(l) = self.gds.as_mut() {
+                l.queue.submit(&mut self.completions);
+                if l.queue.outstanding() > 0 {
+                    timeout = Some(GDS_POLL_INTERVAL);
+                }
+                block &= self.completions.is_empty();
+            }
             let driver = self.driver.as_mut().expect("driver present while running");
             driver.wait(block, timeout, &mut self.completions)?;
             self.doorbell.awake();
+            #[cfg(feature = "cuda")]
+            if let Some(l) = self.gds.as_mut() {
+                l.queue.reap(&mut self.completions);
+            }
             let done = std::mem::take(&mut self.completions);
             for c in &done {
                 self.on_completion(*c);
@@ -492,6 +591,8 @@ impl Reactor {
         if self.compromised {
             // A copy engine may still touch bounce memory: keep it mapped (and pinned) forever.
             std::mem::forget(self.arena.clone());
+            #[cfg(feature = "cuda")]
+            std::mem::forget(self.gds.take());
         }
         Ok(())
     }
@@ -529,6 +630,15 @@ impl Reactor {
                 self.handle(Msg::Abandon(shared, pieces));
             }
             Msg::Release(..) => {}
+            #[cfg(feature = "cuda")]
+            Msg::StreamDone(done) => {
+                // The stream may still write the parameter block: fail the op, keep the block.
+                done.shared.complete(Err(Error::cuda_msg(
+                    Context::op(done.op).with_path(&done.file.path),
+                    "the stream never finished the cuFile operation",
+                )));
+                std::mem::forget(done);
+            }
             Msg::Gated(mut g) => {
                 if let Some(inner) = g.take() {
                     self.abandon_msg(inner);
@@ -563,10 +673,9 @@ impl Reactor {
         self.shutdown_started = Some(Instant::now());
         let keys: Vec<usize> = self.ops.iter().map(|(k, _)| k).collect();
         for key in keys {
-            let backend = self.backend;
             let op = &mut self.ops[key];
             if op.error.is_none() && !op.cancelled {
-                op.error = Some(Error::shutdown(op.ctx(op.offset, backend)));
+                op.error = Some(Error::shutdown(op.ctx(op.offset)));
             }
             self.reclaim(key);
             self.maybe_finish(key);
@@ -595,7 +704,7 @@ impl Reactor {
     /// Frees a slot `key` held, and puts the op back in the run queue if the window had
     /// stopped it.
     fn free_op_slot(&mut self, key: usize, slot: BounceSlot) {
-        self.slots.free(slot);
+        self.free_slot(slot);
         let op = &mut self.ops[key];
         op.held_bytes -= slot.size();
         if op.window_blocked && op.held_bytes < self.op_window {
@@ -623,7 +732,7 @@ impl Reactor {
                     if live {
                         self.free_op_slot(key, s);
                     } else {
-                        self.slots.free(s);
+                        self.free_slot(s);
                     }
                 }
             }
@@ -637,7 +746,7 @@ impl Reactor {
                         self.ops[key].busy -= 1;
                         self.free_op_slot(key, p.slot);
                     } else {
-                        self.slots.free(p.slot);
+                        self.free_slot(p.slot);
                     }
                 }
                 if live {
@@ -653,6 +762,11 @@ impl Reactor {
                 }
             }
             Msg::Gated(g) => self.gated.push(g),
+            #[cfg(feature = "cuda")]
+            Msg::StreamDone(done) => {
+                let r = done.result();
+                done.shared.complete(r);
+            }
             Msg::Abandon(shared, pieces) => {
                 self.compromised = true;
                 let key = shared.key();
@@ -665,7 +779,7 @@ impl Reactor {
                         }
                     }
                     if op.error.is_none() {
-                        let ctx = op.ctx(op.offset, self.backend);
+                        let ctx = op.ctx(op.offset);
                         op.error = Some(Error::cuda_msg(ctx, "device copy failed"));
                     }
                     self.maybe_finish(key);
@@ -681,13 +795,22 @@ impl Reactor {
 
     fn accept(&mut self, shared: Arc<OpShared>, req: OpRequest) {
         let kind = req.op_kind();
-        let (file, offset, len) = match &req {
-            OpRequest::Read { file, offset, len } | OpRequest::Write { file, offset, len } => {
-                (file.clone(), *offset, *len)
+        let (file, offset, len, device) = match req {
+            OpRequest::Read {
+                file,
+                offset,
+                len,
+                device,
             }
-            OpRequest::Sync { file } => (file.clone(), 0, 0),
+            | OpRequest::Write {
+                file,
+                offset,
+                len,
+                device,
+            } => (file, offset, len, device),
+            OpRequest::Sync { file } => (file, 0, 0, None),
         };
-        let ctx = Context::op(kind)
+        let mut ctx = Context::op(kind)
             .with_path(&file.path)
             .with_offset(offset)
             .with_backend(self.backend);
@@ -695,13 +818,27 @@ impl Reactor {
             shared.complete(Err(Error::shutdown(ctx)));
             return;
         }
-        let chunk = self.cfg.chunk_size;
-        let plan = match req {
-            OpRequest::Read { .. } => ReadPlan::new(offset, len, file.align, chunk).map(Plan::Read),
-            OpRequest::Write { .. } => {
-                WritePlan::new(offset, len, file.write_align, chunk).map(Plan::Write)
+        let (mut align, mut write_align) = (file.align, file.write_align);
+        let mut backend = self.backend;
+        let gds = match self.choose_gds(&file, device.as_ref(), &shared) {
+            Ok(Some((gds_align, name))) => {
+                align = align.max(gds_align);
+                write_align = write_align.max(gds_align);
+                backend = name;
+                ctx = ctx.with_backend(name);
+                true
             }
-            OpRequest::Sync { .. } => Ok(Plan::Sync),
+            Ok(None) => false,
+            Err(reason) => {
+                shared.complete(Err(Error::unsupported(ctx.with_backend("cufile"), reason)));
+                return;
+            }
+        };
+        let chunk = self.cfg.chunk_size;
+        let plan = match kind {
+            OpKind::Read => ReadPlan::new(offset, len, align, chunk).map(Plan::Read),
+            OpKind::Write => WritePlan::new(offset, len, write_align, chunk).map(Plan::Write),
+            _ => Ok(Plan::Sync),
         };
         let plan = match plan {
             Ok(p) => p,
@@ -726,6 +863,10 @@ impl Reactor {
             eof_at: None,
             error: None,
             cancelled: false,
+            align,
+            gds,
+            backend,
+            retry: Vec::new(),
         });
         shared.key.store(key, Ordering::Relaxed);
         if empty {
@@ -733,6 +874,72 @@ impl Reactor {
         } else {
             self.runnable.push_back(key);
         }
+    }
+
+    /// Whether an op with caller memory on `device` goes through cuFile: `Ok(Some((alignment,
+    /// backend name)))` if so, `Ok(None)` for the bounce path, `Err` where cuFile is forced
+    /// (`Backend::Gds`) but cannot serve.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn choose_gds(
+        &mut self,
+        file: &Arc<FileInner>,
+        device: Option<&DeviceCtx>,
+        shared: &Arc<OpShared>,
+    ) -> std::result::Result<Option<(u64, &'static str)>, String> {
+        #[cfg(feature = "cuda")]
+        {
+            let (Some(ctx), Some(fg)) = (device, file.gds()) else {
+                return Ok(None);
+            };
+            if !fg.serves() {
+                return Ok(None);
+            }
+            match self.gds_lane(ctx) {
+                Ok(lane) => {
+                    let _ = shared.staging.set(lane.pool.clone());
+                    Ok(Some((fg.align, fg.status().backend_name())))
+                }
+                Err(reason) if fg.forced() => Err(reason),
+                Err(_) => Ok(None),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        Ok(None)
+    }
+
+    /// The cuFile lane for memory on `ctx`'s device, set up on first use.
+    #[cfg(feature = "cuda")]
+    fn gds_lane(
+        &mut self,
+        ctx: &Arc<cudarc::driver::CudaContext>,
+    ) -> std::result::Result<&mut crate::gds::lane::GdsLane, String> {
+        if self.gds.is_none() {
+            if let Some(why) = &self.gds_unavailable {
+                return Err(why.clone());
+            }
+            let bytes = self.arena.block_size() * self.arena.blocks();
+            match crate::gds::lane::GdsLane::new(ctx, self.arena.block_size(), self.arena.blocks())
+            {
+                Ok(l) => {
+                    tracing::info!(bytes, device = ctx.ordinal(), "gpuio cuFile lane ready");
+                    self.gds = Some(l);
+                }
+                Err(why) => {
+                    tracing::warn!(%why, "gpuio cannot set up cuFile batch I/O; device transfers use the bounce path");
+                    self.gds_unavailable = Some(why.clone());
+                    return Err(why);
+                }
+            }
+        }
+        let lane = self.gds.as_mut().expect("set above");
+        if lane.pool.context().ordinal() != ctx.ordinal() {
+            return Err(format!(
+                "this engine's cuFile staging pool is on GPU {}; memory on GPU {} uses the bounce path",
+                lane.pool.context().ordinal(),
+                ctx.ordinal()
+            ));
+        }
+        Ok(lane)
     }
 
     /// Starts pieces while the queue depth and the bounce pool allow.
@@ -753,14 +960,17 @@ impl Reactor {
         let mut starved = false;
         while let Some(&key) = self.runnable.front() {
             let op = &mut self.ops[key];
-            if op.stopped() || op.next == op.plan.len() {
+            if op.all_started() {
                 self.runnable.pop_front();
                 op.in_runnable = false;
                 self.maybe_finish(key);
                 continue;
             }
-            let piece = op.plan.piece(op.next);
-            if op.kind == OpKind::Read && op.eof_at.is_some_and(|e| piece.pos >= e) {
+            let (piece, retried) = match op.retry.last() {
+                Some(p) => (*p, true),
+                None => (op.plan.piece(op.next), false),
+            };
+            if !retried && op.kind == OpKind::Read && op.eof_at.is_some_and(|e| piece.pos >= e) {
                 // Past a known end of file: nothing to read.
                 op.next += 1;
                 continue;
@@ -787,7 +997,18 @@ impl Reactor {
                     self.runnable.pop_front();
                     continue;
                 }
-                match self.slots.alloc(piece.len) {
+                let on_device = op.gds && piece.via == Via::Main;
+                let got = if on_device {
+                    #[cfg(feature = "cuda")]
+                    {
+                        self.gds.as_mut().and_then(|l| l.slots.alloc(piece.len))
+                    }
+                    #[cfg(not(feature = "cuda"))]
+                    None
+                } else {
+                    self.slots.alloc(piece.len)
+                };
+                match got {
                     Some(s) => {
                         op.held_bytes += s.size();
                         Some(s)
@@ -798,11 +1019,15 @@ impl Reactor {
                     }
                 }
             };
-            op.next += 1;
+            if retried {
+                op.retry.pop();
+            } else {
+                op.next += 1;
+            }
             op.busy += 1;
             // Round-robin between ops so one huge request cannot starve small ones.
             self.runnable.pop_front();
-            if op.next < op.plan.len() {
+            if !op.all_started() {
                 self.runnable.push_back(key);
             } else {
                 op.in_runnable = false;
@@ -838,6 +1063,22 @@ impl Reactor {
     fn push_io(&mut self, token: usize) {
         let io = &self.ios[token];
         let file = &self.ops[io.op].file;
+        #[cfg(feature = "cuda")]
+        if let Some(s) = io.slot.filter(|s| s.on_device) {
+            let (Some(lane), Some(fg)) = (self.gds.as_mut(), file.gds()) else {
+                unreachable!("device slots exist only with a cuFile lane and a registered file");
+            };
+            lane.queue.push(crate::gds::batch::BatchEntry {
+                fh: fg.handle.raw(),
+                dev_base: lane.pool.base(),
+                dev_offset: s.offset + io.done,
+                file_offset: io.piece.pos + io.done as u64,
+                len: io.piece.len - io.done,
+                write: io.kind == IoKind::Write,
+                token: token as u64,
+            });
+            return;
+        }
         let fd = match io.piece.via {
             Via::Main => file.raw_fd(),
             Via::Buffered => file.buffered_raw_fd(),
@@ -891,11 +1132,19 @@ impl Reactor {
         };
         let key = io.op;
         let res = c.res;
+        #[cfg(feature = "cuda")]
+        if io.slot.is_some_and(|s| s.on_device)
+            && (res == crate::gds::batch::RES_LOST
+                || crate::gds::batch::cufile_code_of(res).is_some())
+        {
+            self.on_cufile_failure(token, res);
+            return;
+        }
         if res == -libc::EINTR || res == -libc::EAGAIN {
             self.push_io(token);
             return;
         }
-        let align = self.ops[key].file.align;
+        let align = self.ops[key].align;
         let mut failure = None;
         let mut eof = false;
         if res < 0 {
@@ -917,13 +1166,12 @@ impl Reactor {
             }
         }
         let io = self.ios.remove(token);
-        let backend = self.backend;
         let op = &mut self.ops[key];
         op.busy -= 1;
         if let Some(res) = failure {
             if op.error.is_none() {
                 let pos = io.piece.pos + io.done as u64;
-                op.error = Some(Error::from_cqe(op.ctx(pos, backend), res));
+                op.error = Some(Error::from_cqe(op.ctx(pos), res));
             }
         }
         if io.kind == IoKind::Read && io.done < io.piece.len && failure.is_none() {
@@ -944,11 +1192,59 @@ impl Reactor {
         self.maybe_finish(key);
     }
 
+    /// A cuFile batch entry failed with a cuFile status (or was lost): fall back to the bounce
+    /// path for the file where the status says cuFile cannot serve it (unless forced), else fail.
+    #[cfg(feature = "cuda")]
+    fn on_cufile_failure(&mut self, token: usize, res: i32) {
+        use crate::gds::batch::{RES_LOST, cufile_code_of};
+        use crate::gds::driver::CufileCode;
+        let io = self.ios.remove(token);
+        let key = io.op;
+        let slot = io.slot.expect("cuFile entries carry a device slot");
+        let pos = io.piece.pos + io.done as u64;
+        let op = &mut self.ops[key];
+        op.busy -= 1;
+        if res == RES_LOST {
+            // cuFile cannot say whether the DMA still runs: never reuse that memory.
+            self.compromised = true;
+            op.held_bytes -= slot.size();
+            if op.error.is_none() {
+                op.error = Some(Error::cuda_msg(
+                    op.ctx(pos),
+                    "cuFile lost track of a batch I/O (status query failed)",
+                ));
+            }
+            self.maybe_finish(key);
+            return;
+        }
+        let code = CufileCode {
+            err: cufile_code_of(res).unwrap_or(5030),
+            cu_err: 0,
+        };
+        let fg = op.file.gds().expect("cuFile ops have a registered file");
+        if !fg.forced() && code.calls_for_fallback() && !op.stopped() {
+            fg.fall_back(&op.file.path, format!("cuFile batch I/O failed: {code}"));
+            op.gds = false;
+            op.backend = self.backend;
+            op.retry.push(io.piece);
+            if !op.in_runnable && !op.window_blocked {
+                op.in_runnable = true;
+                self.runnable.push_back(key);
+            }
+        } else if op.error.is_none() {
+            op.error = Some(Error::cuda_msg(
+                op.ctx(pos),
+                format!("cuFile batch I/O failed: {code}"),
+            ));
+        }
+        self.free_op_slot(key, slot);
+        self.maybe_finish(key);
+    }
+
     /// Completes and removes `key` once nothing of it is outstanding.
     fn maybe_finish(&mut self, key: usize) {
         let op = &self.ops[key];
-        let all_started = op.stopped() || op.next == op.plan.len();
-        if !all_started || op.busy > 0 {
+        if !op.all_started() || op.busy > 0 {
             return;
         }
         let mut op = self.ops.remove(key);

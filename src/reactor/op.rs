@@ -53,6 +53,10 @@ pub(crate) struct OpShared {
     /// Reactor-assigned slab key (usize::MAX until the reactor accepted the op).
     pub(crate) key: AtomicUsize,
     state: Mutex<OpState>,
+    /// The device staging pool, for ops whose pieces cuFile moves (set by the reactor before
+    /// it hands over any device slot).
+    #[cfg(feature = "cuda")]
+    pub(crate) staging: std::sync::OnceLock<Arc<crate::gds::pool::StagingPool>>,
 }
 
 impl OpShared {
@@ -60,6 +64,8 @@ impl OpShared {
         Arc::new(OpShared {
             key: AtomicUsize::new(usize::MAX),
             state: Mutex::new(OpState::default()),
+            #[cfg(feature = "cuda")]
+            staging: std::sync::OnceLock::new(),
         })
     }
 
@@ -213,6 +219,23 @@ impl<T: Transfer> OpFuture<T> {
         OpFuture {
             engine,
             stage: Stage::Unsent(msg),
+            transfer,
+            op,
+        }
+    }
+
+    /// A future for an op whose work was queued elsewhere already (stream-ordered cuFile I/O):
+    /// it waits for `shared` to complete.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn running(
+        engine: Arc<EngineShared>,
+        op: OpKind,
+        transfer: T,
+        shared: Arc<OpShared>,
+    ) -> Self {
+        OpFuture {
+            engine,
+            stage: Stage::Running(shared),
             transfer,
             op,
         }

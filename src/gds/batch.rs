@@ -1,0 +1,255 @@
+//! cuFile batch I/O as the reactor drives it: entries queue up, go out through
+//! `cuFileBatchIOSubmit` on a small pool of batch handles (each with one submission
+//! outstanding at a time, at most [`BATCH_MAX`] entries), and are reaped with non-blocking
+//! `cuFileBatchIOGetStatus` (`min_nr = 0`, no timeout) from the reactor loop.
+
+use std::ffi::{c_uint, c_void};
+
+use super::driver::{Cufile, check};
+use super::sys::{
+    BATCH_MODE, OP_READ, OP_WRITE, RawBatch, RawHandle, RawIoEvent, RawIoParams, STATUS_CANCELED,
+    STATUS_COMPLETE, STATUS_FAILED, STATUS_INVALID, STATUS_TIMEOUT,
+};
+use crate::uring::Completion;
+
+/// Most entries one submission carries (cuFile's default `max_batch_io_size`).
+pub(crate) const BATCH_MAX: usize = 128;
+
+/// Completion result for an entry whose fate cuFile could not tell (its batch status query
+/// failed even after cancelling): the reactor must never reuse its memory.
+pub(crate) const RES_LOST: i32 = i32::MIN;
+
+/// cuFile status codes travel in `Completion::res` as `-code` (all above 5000, so they never
+/// collide with `-errno`).
+pub(crate) fn cufile_code_of(res: i32) -> Option<i32> {
+    (res != RES_LOST && res <= -5000).then_some(-res)
+}
+
+/// One I/O for the batch queue.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BatchEntry {
+    pub(crate) fh: RawHandle,
+    pub(crate) dev_base: u64,
+    pub(crate) dev_offset: usize,
+    pub(crate) file_offset: u64,
+    pub(crate) len: usize,
+    pub(crate) write: bool,
+    pub(crate) token: u64,
+}
+
+// SAFETY: the raw handle is only passed back to cuFile, which allows any thread.
+unsafe impl Send for BatchEntry {}
+
+struct Submitted {
+    raw: RawBatch,
+    tokens: Vec<u64>,
+    done: Vec<bool>,
+    left: usize,
+}
+
+/// The reactor's cuFile batch machinery.
+pub(crate) struct BatchQueue {
+    cf: &'static Cufile,
+    idle: Vec<RawBatch>,
+    busy: Vec<Submitted>,
+    created: usize,
+    max_handles: usize,
+    queued: Vec<BatchEntry>,
+    params: Vec<RawIoParams>,
+    events: Vec<RawIoEvent>,
+}
+
+// SAFETY: batch handles are plain cuFile handles, usable from the (single) reactor thread that
+// owns the queue; moving the queue to that thread is fine.
+unsafe impl Send for BatchQueue {}
+
+impl BatchQueue {
+    pub(crate) fn new(cf: &'static Cufile, max_handles: usize) -> Self {
+        BatchQueue {
+            cf,
+            idle: Vec::new(),
+            busy: Vec::new(),
+            created: 0,
+            max_handles: max_handles.max(1),
+            queued: Vec::new(),
+            params: Vec::with_capacity(BATCH_MAX),
+            events: vec![RawIoEvent::EMPTY; BATCH_MAX],
+        }
+    }
+
+    pub(crate) fn push(&mut self, e: BatchEntry) {
+        self.queued.push(e);
+    }
+
+    /// Entries queued or in cuFile.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.queued.len() + self.busy.iter().map(|b| b.left).sum::<usize>()
+    }
+
+    fn handle(&mut self) -> Result<Option<RawBatch>, String> {
+        if let Some(h) = self.idle.pop() {
+            return Ok(Some(h));
+        }
+        if self.created >= self.max_handles {
+            return Ok(None);
+        }
+        let mut raw: RawBatch = std::ptr::null_mut();
+        // SAFETY: `raw` is writable; BATCH_MAX is within cuFile's documented limit.
+        check(unsafe { (self.cf.lib.cuFileBatchIOSetUp)(&mut raw, BATCH_MAX as c_uint) })
+            .map_err(|c| format!("cuFileBatchIOSetUp: {c}"))?;
+        self.created += 1;
+        Ok(Some(raw))
+    }
+
+    /// Submits queued entries on idle handles. Entries cuFile refuses complete at once (in
+    /// `out`) with the refusal's code.
+    pub(crate) fn submit(&mut self, out: &mut Vec<Completion>) {
+        while !self.queued.is_empty() {
+            let raw = match self.handle() {
+                Ok(Some(h)) => h,
+                Ok(None) => return,
+                Err(reason) => {
+                    tracing::warn!(%reason, "cuFile batch handle setup failed");
+                    if self.busy.is_empty() {
+                        // Nothing in flight will free a handle: fail what waits.
+                        for e in self.queued.drain(..) {
+                            out.push(Completion {
+                                token: e.token,
+                                res: -5030,
+                            });
+                        }
+                    }
+                    return;
+                }
+            };
+            let n = self.queued.len().min(BATCH_MAX);
+            let batch: Vec<BatchEntry> = self.queued.drain(..n).collect();
+            self.params.clear();
+            for e in &batch {
+                self.params.push(RawIoParams {
+                    mode: BATCH_MODE,
+                    dev_ptr_base: e.dev_base as *mut c_void,
+                    file_offset: e.file_offset as i64,
+                    dev_ptr_offset: e.dev_offset as i64,
+                    size: e.len,
+                    fh: e.fh,
+                    opcode: if e.write { OP_WRITE } else { OP_READ },
+                    cookie: e.token as *mut c_void,
+                });
+            }
+            // SAFETY: `raw` is an idle batch handle; `params` holds `n <= BATCH_MAX` valid
+            // entries whose handles are registered and whose device ranges lie inside the
+            // registered staging pool (the reactor owns both until the entries complete).
+            let rc = unsafe {
+                (self.cf.lib.cuFileBatchIOSubmit)(raw, n as c_uint, self.params.as_mut_ptr(), 0)
+            };
+            match check(rc) {
+                Ok(()) => self.busy.push(Submitted {
+                    raw,
+                    tokens: batch.iter().map(|e| e.token).collect(),
+                    done: vec![false; n],
+                    left: n,
+                }),
+                Err(code) => {
+                    self.idle.push(raw);
+                    for e in batch {
+                        out.push(Completion {
+                            token: e.token,
+                            res: -code.err,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Collects finished entries without waiting.
+    pub(crate) fn reap(&mut self, out: &mut Vec<Completion>) {
+        let mut i = 0;
+        while i < self.busy.len() {
+            let b = &mut self.busy[i];
+            let mut nr = b.left.min(BATCH_MAX) as c_uint;
+            let mut zero = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            };
+            // SAFETY: `raw` has a submission outstanding; `events` has room for `nr` events;
+            // min_nr 0 with a zero timeout returns at once.
+            let rc = unsafe {
+                (self.cf.lib.cuFileBatchIOGetStatus)(
+                    b.raw,
+                    0,
+                    &mut nr,
+                    self.events.as_mut_ptr(),
+                    &mut zero,
+                )
+            };
+            if let Err(code) = check(rc) {
+                tracing::error!(%code, "cuFileBatchIOGetStatus failed; cancelling the batch");
+                // SAFETY: `raw` is a live batch handle.
+                let _ = unsafe { (self.cf.lib.cuFileBatchIOCancel)(b.raw) };
+                for (k, t) in b.tokens.iter().enumerate() {
+                    if !b.done[k] {
+                        out.push(Completion {
+                            token: *t,
+                            res: RES_LOST,
+                        });
+                    }
+                }
+                // The handle is not trusted again: leak it rather than reuse it.
+                self.busy.swap_remove(i);
+                continue;
+            }
+            for ev in &self.events[..(nr as usize).min(BATCH_MAX)] {
+                let token = ev.cookie as u64;
+                let Some(k) = b.tokens.iter().position(|&t| t == token) else {
+                    continue;
+                };
+                let res = match ev.status {
+                    STATUS_COMPLETE => ev.ret.min(i32::MAX as usize) as i32,
+                    STATUS_FAILED => {
+                        let r = ev.ret as isize;
+                        if r < 0 {
+                            r.max(-(i32::MAX as isize)) as i32
+                        } else if (5000..6000).contains(&r) {
+                            -(r as i32)
+                        } else {
+                            -libc::EIO
+                        }
+                    }
+                    STATUS_CANCELED => -libc::ECANCELED,
+                    STATUS_TIMEOUT => -libc::ETIMEDOUT,
+                    STATUS_INVALID => -libc::EINVAL,
+                    _ => continue,
+                };
+                if b.done[k] {
+                    continue;
+                }
+                b.done[k] = true;
+                b.left -= 1;
+                out.push(Completion { token, res });
+            }
+            if b.left == 0 {
+                let done = self.busy.swap_remove(i);
+                self.idle.push(done.raw);
+            } else {
+                i += 1;
+            }
+        }
+    }
+}
+
+impl Drop for BatchQueue {
+    fn drop(&mut self) {
+        // The reactor drops the queue only with nothing outstanding; a busy handle left here
+        // (reactor death) is leaked, never destroyed under running I/O.
+        for raw in self.idle.drain(..) {
+            // SAFETY: idle handles have nothing outstanding.
+            unsafe { (self.cf.lib.cuFileBatchIODestroy)(raw) };
+        }
+        for b in self.busy.drain(..) {
+            // SAFETY: cancelling is allowed on a live handle; it is then leaked, not destroyed.
+            let _ = unsafe { (self.cf.lib.cuFileBatchIOCancel)(b.raw) };
+        }
+    }
+}

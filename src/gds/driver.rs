@@ -1,0 +1,131 @@
+//! Checked wrappers over [`super::sys`]: the process-wide cuFile driver and its error codes.
+
+use std::sync::OnceLock;
+
+use super::sys::{CufileLib, RawError};
+
+/// A cuFile status code with its name, as cuFile reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CufileCode {
+    pub(crate) err: i32,
+    pub(crate) cu_err: i32,
+}
+
+impl CufileCode {
+    pub(crate) fn name(&self) -> &'static str {
+        code_name(self.err)
+    }
+
+    /// Errors that mean "this file or buffer cannot use cuFile here": AUTO falls back to the
+    /// bounce path on them instead of failing the read.
+    pub(crate) fn calls_for_fallback(&self) -> bool {
+        matches!(
+            self.err,
+            5007..=5009 | 5013 | 5016..=5020 | 5024 | 5027 | 5029 | 5030 | 5031 | 5033 | 5034
+        )
+    }
+}
+
+impl std::fmt::Display for CufileCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.name(), self.err)?;
+        if self.err == 5011 {
+            write!(f, ", CUresult {}", self.cu_err)?;
+        }
+        Ok(())
+    }
+}
+
+/// Name of a `CUfileOpError` value (cufile.h).
+pub(crate) fn code_name(err: i32) -> &'static str {
+    match err {
+        0 => "CU_FILE_SUCCESS",
+        5001 => "CU_FILE_DRIVER_NOT_INITIALIZED",
+        5002 => "CU_FILE_DRIVER_INVALID_PROPS",
+        5003 => "CU_FILE_DRIVER_UNSUPPORTED_LIMIT",
+        5004 => "CU_FILE_DRIVER_VERSION_MISMATCH",
+        5005 => "CU_FILE_DRIVER_VERSION_READ_ERROR",
+        5006 => "CU_FILE_DRIVER_CLOSING",
+        5007 => "CU_FILE_PLATFORM_NOT_SUPPORTED",
+        5008 => "CU_FILE_IO_NOT_SUPPORTED",
+        5009 => "CU_FILE_DEVICE_NOT_SUPPORTED",
+        5010 => "CU_FILE_NVFS_DRIVER_ERROR",
+        5011 => "CU_FILE_CUDA_DRIVER_ERROR",
+        5012 => "CU_FILE_CUDA_POINTER_INVALID",
+        5013 => "CU_FILE_CUDA_MEMORY_TYPE_INVALID",
+        5014 => "CU_FILE_CUDA_POINTER_RANGE_ERROR",
+        5015 => "CU_FILE_CUDA_CONTEXT_MISMATCH",
+        5016 => "CU_FILE_INVALID_MAPPING_SIZE",
+        5017 => "CU_FILE_INVALID_MAPPING_RANGE",
+        5018 => "CU_FILE_INVALID_FILE_TYPE",
+        5019 => "CU_FILE_INVALID_FILE_OPEN_FLAG",
+        5020 => "CU_FILE_DIO_NOT_SET",
+        5022 => "CU_FILE_INVALID_VALUE",
+        5023 => "CU_FILE_MEMORY_ALREADY_REGISTERED",
+        5024 => "CU_FILE_MEMORY_NOT_REGISTERED",
+        5025 => "CU_FILE_PERMISSION_DENIED",
+        5026 => "CU_FILE_DRIVER_ALREADY_OPEN",
+        5027 => "CU_FILE_HANDLE_NOT_REGISTERED",
+        5028 => "CU_FILE_HANDLE_ALREADY_REGISTERED",
+        5029 => "CU_FILE_DEVICE_NOT_FOUND",
+        5030 => "CU_FILE_INTERNAL_ERROR",
+        5031 => "CU_FILE_GETNEWFD_FAILED",
+        5033 => "CU_FILE_NVFS_SETUP_ERROR",
+        5034 => "CU_FILE_IO_DISABLED",
+        5035 => "CU_FILE_BATCH_SUBMIT_FAILED",
+        5036 => "CU_FILE_GPU_MEMORY_PINNING_FAILED",
+        5037 => "CU_FILE_BATCH_FULL",
+        5038 => "CU_FILE_ASYNC_NOT_SUPPORTED",
+        5048 => "CU_FILE_GPU_MEMORY_REGISTRATION_FAILED",
+        _ => "unknown cuFile status",
+    }
+}
+
+/// `Ok` for `CU_FILE_SUCCESS`, else the code.
+pub(crate) fn check(e: RawError) -> Result<(), CufileCode> {
+    if e.err == 0 {
+        Ok(())
+    } else {
+        Err(CufileCode {
+            err: e.err,
+            cu_err: e.cu_err,
+        })
+    }
+}
+
+/// The loaded library with its driver open. cuFile fails I/O that runs while its driver
+/// closes, and gpuio cannot know when the last user in the process is done, so the driver is
+/// opened once per process and never closed (the OS tears it down at exit).
+pub(crate) struct Cufile {
+    pub(crate) lib: CufileLib,
+}
+
+/// The process-wide cuFile driver, opened on first use; `Err` says why it is unusable (the
+/// same answer every time).
+pub(crate) fn cufile() -> Result<&'static Cufile, String> {
+    static DRIVER: OnceLock<Result<Cufile, String>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            if !crate::cuda::available() {
+                return Err(format!(
+                    "no usable CUDA device ({})",
+                    crate::cuda::probe().error.unwrap_or_else(|| "none found".into())
+                ));
+            }
+            let lib = super::sys::load()?;
+            // SAFETY: cuFileDriverOpen takes no arguments; it is safe to call at any time.
+            check(unsafe { (lib.cuFileDriverOpen)() })
+                .or_else(|c| if c.err == 5026 { Ok(()) } else { Err(c) })
+                .map_err(|c| format!("cuFileDriverOpen failed: {c}"))?;
+            Ok(Cufile { lib })
+        })
+        .as_ref()
+        .map_err(|e| e.clone())
+}
+
+/// Whether the nvidia-fs kernel module (true GPUDirect DMA) is loaded. Without it cuFile runs
+/// in compatibility mode: POSIX I/O through its own host bounce buffers.
+pub(crate) fn nvidia_fs_loaded() -> bool {
+    std::path::Path::new("/proc/driver/nvidia-fs/version").exists()
+        || std::path::Path::new("/sys/module/nvidia_fs").exists()
+}

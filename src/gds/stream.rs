@@ -1,0 +1,167 @@
+//! Stream-ordered cuFile I/O (`cuFileReadAsync` / `cuFileWriteAsync`): the transfer is queued
+//! on a CUDA stream like a kernel launch and runs when the stream reaches it.
+//!
+//! cuFile reads the size, offsets and result slot through pointers when the stream executes
+//! the operation, so those live in a heap block the reactor owns until a CUDA event recorded
+//! right behind the operation has completed (polled, never waited on); only then is the
+//! bytes-done value read (errors arrive there) and the block freed. If that event never
+//! completes, the block is leaked, never freed.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+
+use super::driver::{CufileCode, check, cufile};
+use crate::cuda::copy::EventGate;
+use crate::error::{Context, Error, OpKind, Result};
+use crate::file::FileInner;
+use crate::reactor::op::OpShared;
+use crate::reactor::{EngineShared, Gated, Msg};
+
+/// What cuFile reads and writes while the stream runs the operation.
+#[allow(dead_code)] // the offsets are read by cuFile through the pointers handed to it
+pub(crate) struct StreamParams {
+    size: usize,
+    file_offset: i64,
+    buf_offset: i64,
+    bytes_done: isize,
+}
+
+/// A finished stream operation, handed to the reactor behind its event.
+pub(crate) struct StreamDone {
+    pub(crate) shared: Arc<OpShared>,
+    pub(crate) params: Box<StreamParams>,
+    pub(crate) file: Arc<FileInner>,
+    pub(crate) op: OpKind,
+    pub(crate) offset: u64,
+}
+
+impl StreamDone {
+    /// The operation's result, read once its event has completed.
+    pub(crate) fn result(&self) -> Result<u64> {
+        let n = self.params.bytes_done;
+        if n >= 0 {
+            let n = n as u64;
+            if self.op == OpKind::Write && n < self.params.size as u64 {
+                return Err(Error::io(
+                    self.ctx(),
+                    std::io::Error::new(
+                        std::io::ErrorKind::WriteZero,
+                        format!("cuFileWriteAsync wrote {n} of {} bytes", self.params.size),
+                    ),
+                ));
+            }
+            return Ok(n);
+        }
+        let code = (-n) as i32;
+        if code >= 5000 {
+            Err(Error::cuda_msg(
+                self.ctx(),
+                format!(
+                    "cuFile stream I/O failed: {}",
+                    CufileCode {
+                        err: code,
+                        cu_err: 0
+                    }
+                ),
+            ))
+        } else if n == -1 {
+            Err(Error::cuda_msg(self.ctx(), "cuFile stream I/O failed (-1)"))
+        } else {
+            Err(Error::io(self.ctx(), std::io::Error::from_raw_os_error(code)))
+        }
+    }
+
+    fn ctx(&self) -> Context {
+        Context::op(self.op)
+            .with_path(&self.file.path)
+            .with_offset(self.offset)
+            .with_backend("cufile-stream")
+    }
+}
+
+/// Queues a stream-ordered read (`write == false`: file to device) or write of `len` bytes
+/// between file offset `offset` and device pointer `dptr` on `stream`, and hands the reactor
+/// the message that completes `shared` once the stream has passed it.
+///
+/// # Safety
+/// `[dptr, dptr + len)` must be device memory that every later use is ordered after `stream`'s
+/// current position (the caller records cudarc's event for it right after this returns);
+/// `file` must carry a registered cuFile handle.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn enqueue(
+    engine: &Arc<EngineShared>,
+    file: &Arc<FileInner>,
+    stream: &Arc<CudaStream>,
+    dptr: u64,
+    len: usize,
+    offset: u64,
+    write: bool,
+    shared: &Arc<OpShared>,
+) -> Result<()> {
+    let op = if write { OpKind::Write } else { OpKind::Read };
+    let ctx = || {
+        Context::op(op)
+            .with_path(&file.path)
+            .with_offset(offset)
+            .with_backend("cufile-stream")
+    };
+    let cf = cufile().map_err(|e| Error::unsupported(ctx(), e))?;
+    let gds = file
+        .gds()
+        .ok_or_else(|| Error::unsupported(ctx(), "the file is not registered with cuFile"))?;
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| Error::cuda(ctx(), e))?;
+    let mut params = Box::new(StreamParams {
+        size: len,
+        file_offset: offset as i64,
+        buf_offset: 0,
+        bytes_done: 0,
+    });
+    let f = if write {
+        cf.lib.cuFileWriteAsync
+    } else {
+        cf.lib.cuFileReadAsync
+    };
+    let p: *mut StreamParams = &mut *params;
+    // SAFETY: the handle is registered (held by `file`, which the completion message keeps
+    // alive); the device range is valid per this function's contract; the parameter block is
+    // heap memory that lives until the event behind the operation completes (or is leaked).
+    let rc = unsafe {
+        f(
+            gds.handle.raw(),
+            dptr as *mut _,
+            &raw mut (*p).size,
+            &raw mut (*p).file_offset,
+            &raw mut (*p).buf_offset,
+            &raw mut (*p).bytes_done,
+            stream.cu_stream() as *mut _,
+        )
+    };
+    check(rc).map_err(|c| Error::cuda_msg(ctx(), format!("cuFile stream I/O: {c}")))?;
+    let done = StreamDone {
+        shared: shared.clone(),
+        params,
+        file: file.clone(),
+        op,
+        offset,
+    };
+    match stream.record_event(None) {
+        Ok(ev) => {
+            engine.send(Msg::Gated(Gated::new(
+                Box::new(EventGate(ev)),
+                Msg::StreamDone(done),
+                &engine.arena,
+            )));
+            Ok(())
+        }
+        Err(e) => {
+            // The operation is queued but nothing can say when it ends: keep its parameters
+            // (and the file's registration) forever.
+            std::mem::forget(done);
+            Err(Error::cuda(ctx(), e))
+        }
+    }
+}
