@@ -32,10 +32,15 @@ for ex in target/release/examples/*; do
   [ -f "$ex" ] && [ -x "$ex" ] && case "$ex" in *-*|*.d) ;; *) cp "$ex" "$OUT/bin/" ;; esac
 done
 strip "$OUT"/tests/* "$OUT"/bin/*
+mkdir -p "$OUT/peers" && cp scripts/peers/*.py "$OUT/peers/"
 
 cat > "$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the gpuio bundle on a GPU machine. Writes logs under $LOGS (default ./logs).
+# Phase A runs every test as the machine comes (AUTO falls back to the bounce path where
+# cuFile cannot register files); phase B gives cuFile the udev data it needs (root only, see
+# ENVIRONMENT.md), requires cuFile in the cuFile and device tests, and benchmarks cuFile
+# against the bounce path (and KvikIO, when its wheels are installed) on the same file.
 set -uo pipefail
 cd "$(dirname "$0")"
 LOGS=${LOGS:-$PWD/logs}
@@ -43,35 +48,72 @@ mkdir -p "$LOGS"
 export GPUIO_TEST_DIR=${GPUIO_TEST_DIR:-/tmp/gpuio-tests}
 mkdir -p "$GPUIO_TEST_DIR"
 TABLE=()
-./bin/gpuio check "$GPUIO_TEST_DIR" | tee "$LOGS/check.txt"
-for t in tests/*; do
+run_test() { # phase, binary
+  local phase=$1 t=$2 name start status secs summary skips
   name=$(basename "$t")
   start=$(date +%s)
-  if timeout "${TEST_TIMEOUT:-240}" "$t" --test-threads=4 > "$LOGS/test-$name.log" 2>&1; then status=PASS; else status=FAIL; fi
+  if timeout "${TEST_TIMEOUT:-240}" "$t" --test-threads=4 > "$LOGS/test-$phase-$name.log" 2>&1; then status=PASS; else status=FAIL; fi
   secs=$(( $(date +%s) - start ))
-  summary=$(grep -E '^test result:' "$LOGS/test-$name.log" | tail -1 | sed -E 's/test result: (ok|FAILED)\. //; s/; finished.*//')
-  skips=$(grep -c '^SKIPPED' "$LOGS/test-$name.log")
-  TABLE+=("$(printf '%-28s %-5s %4ss  %s  skipped-parts=%s' "test:$name" "$status" "$secs" "$summary" "$skips")")
-done
-./bin/copy_ceiling 1024 | tee "$LOGS/ceiling.txt"
-while read -r l; do TABLE+=("$l"); done < <(grep -E 'host-to-device|SKIPPED' "$LOGS/ceiling.txt")
+  summary=$(grep -E '^test result:' "$LOGS/test-$phase-$name.log" | tail -1 | sed -E 's/test result: (ok|FAILED)\. //; s/; finished.*//')
+  skips=$(grep -c '^SKIPPED' "$LOGS/test-$phase-$name.log")
+  TABLE+=("$(printf '%-34s %-5s %4ss  %s  skipped-parts=%s' "$phase:$name" "$status" "$secs" "$summary" "$skips")")
+}
 bench() { # label, args...
   local label=$1; shift
   local j
   j=$(./bin/gpuio bench "$@" --json 2>>"$LOGS/bench-err.log" | tail -n 1)
   echo "$label $j" >> "$LOGS/bench.jsonl"
-  TABLE+=("$(printf '%-40s %s' "$label" "$(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.2f GB/s %8.0f IOPS pinned=%s" % (j["gbps"], j["iops"], j.get("bounce_pinned")))' 2>/dev/null || echo "FAILED (see bench-err.log)")")")
+  TABLE+=("$(printf '%-46s %s' "$label" "$(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("%7.2f GB/s %8.0f IOPS via %s" % (j["gbps"], j["iops"], j["backend"]))' 2>/dev/null || echo "FAILED (see bench-err.log)")")")
 }
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true; }
+
+# ---- phase A: the machine as it comes
+./bin/gpuio check "$GPUIO_TEST_DIR" > "$LOGS/check-before.txt" 2>&1
+export GPUIO_EXPECT_AUTO=bounce
+for t in tests/*; do run_test A "$t"; done
+unset GPUIO_EXPECT_AUTO
+./bin/copy_ceiling 1024 | tee "$LOGS/ceiling.txt"
+while read -r l; do TABLE+=("$l"); done < <(grep -E 'host-to-device|SKIPPED' "$LOGS/ceiling.txt")
 F="$GPUIO_TEST_DIR/bench.bin"
 ./bin/gpuio bench --file "$F" --rw write --size 4G --bs 8M --qd 8 --seconds 30 > /dev/null 2>>"$LOGS/bench-err.log" || true
+
+# ---- phase B: give cuFile its udev data, then require it
+d=$(mountpoint -d "$(df --output=target "$GPUIO_TEST_DIR" | tail -1)")
+if [ ! -e "/run/udev/data/b$d" ]; then
+  mkdir -p /run/udev/data && printf 'E:ID_FS_TYPE=ext4\nE:ID_FS_USAGE=filesystem\n' > "/run/udev/data/b$d" \
+    && echo "udev fix applied for $d" > "$LOGS/udev-fix.txt"
+fi
+./bin/gpuio check "$GPUIO_TEST_DIR" > "$LOGS/check-after.txt" 2>&1
+grep -E 'verdict|nvidia-fs|library' "$LOGS/check-after.txt" | while read -r l; do echo "check: $l"; done >> "$LOGS/verdicts.txt"
+export GPUIO_REQUIRE_GDS=1
+if grep -q 'nvidia-fs: loaded' "$LOGS/check-after.txt"; then export GPUIO_EXPECT_AUTO=gds; else export GPUIO_EXPECT_AUTO=compat; fi
+for t in tests/test-gds tests/test-device; do [ -x "$t" ] && run_test B "$t"; done
+unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
+
+# ---- benchmarks: bounce path (uring) vs cuFile (gds), same file, alternating, 3 rounds
 for r in 1 2 3; do
-  bench "warm buffered 16M qd8 to gpu #$r" --file "$F" --size 4G --bs 16M --qd 8 --to gpu --seconds 5
-  bench "O_DIRECT 4M qd16 to gpu #$r" --file "$F" --size 4G --bs 4M --qd 16 --direct --to gpu --seconds 5
-  bench "O_DIRECT 4K rand qd64 to gpu #$r" --file "$F" --size 4G --bs 4K --qd 64 --pattern rand --direct --to gpu --seconds 5
-  bench "warm buffered 16M qd8 to host #$r" --file "$F" --size 4G --bs 16M --qd 8 --seconds 5
+  for be in uring gds; do
+    bench "warm 16M qd8 to gpu $be #$r" --backend $be --file "$F" --size 4G --bs 16M --qd 8 --to gpu --seconds 5
+    drop_caches
+    bench "O_DIRECT 4M qd16 to gpu $be #$r" --backend $be --file "$F" --size 4G --bs 4M --qd 16 --direct --to gpu --seconds 5
+    bench "O_DIRECT 4K rand qd64 to gpu $be #$r" --backend $be --file "$F" --size 4G --bs 4K --qd 64 --pattern rand --direct --to gpu --seconds 5
+  done
+  bench "O_DIRECT 4M qd16 to gpu auto #$r" --file "$F" --size 4G --bs 4M --qd 16 --direct --to gpu --seconds 5
+  bench "warm 16M qd8 to host #$r" --file "$F" --size 4G --bs 16M --qd 8 --seconds 5
 done
+# KvikIO on the same file, warm then cold, where its wheels are installed.
+if python3 peers/kvikio_read.py "$F" 8 16 --reps 2 > "$LOGS/kvikio-warm.jsonl" 2> "$LOGS/kvikio.err"; then
+  python3 peers/kvikio_read.py "$F" 8 16 --reps 2 --cold > "$LOGS/kvikio-cold.jsonl" 2>> "$LOGS/kvikio.err"
+  while read -r l; do TABLE+=("kvikio $l"); done < <(cat "$LOGS"/kvikio-*.jsonl | python3 -c '
+import json, sys
+for line in sys.stdin:
+    j = json.loads(line); print("%s threads=%d %.2f GB/s" % ("cold" if j["cold"] else "warm", j["threads"], j["gbps"]))')
+else
+  TABLE+=("kvikio: not measured: $(tail -1 "$LOGS/kvikio.err")")
+fi
 echo
 echo "==== gpuio GPU bundle summary ===="
+cat "$LOGS/verdicts.txt" 2>/dev/null
 printf '%s\n' "${TABLE[@]}"
 RUN
 chmod +x "$OUT/run.sh"

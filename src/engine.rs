@@ -50,7 +50,9 @@ impl std::str::FromStr for Backend {
             "uring" | "io_uring" => Ok(Backend::Uring),
             "pread" => Ok(Backend::Pread),
             "gds" | "cufile" => Ok(Backend::Gds),
-            other => Err(format!("unknown backend {other:?} (auto, uring, pread, gds)")),
+            other => Err(format!(
+                "unknown backend {other:?} (auto, uring, pread, gds)"
+            )),
         }
     }
 }

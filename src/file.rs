@@ -11,10 +11,10 @@ use crate::engine::Engine;
 #[cfg(feature = "cuda")]
 use crate::engine::GdsMode;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::reactor::{DeviceHint, OpRequest};
 use crate::reactor::op::{Either, NoTransfer, OpFuture, Transfer};
 use crate::reactor::read::{HostCopyOut, ReadInto};
 use crate::reactor::write::{HostFill, WriteFrom};
+use crate::reactor::{DeviceHint, OpRequest};
 use crate::uring::align::{self, DirectAlignment};
 use crate::uring::plan::MAX_POS;
 
@@ -265,7 +265,17 @@ impl FileInner {
             return Err("the engine's backend does not use cuFile".into());
         }
         let r = self.gds.get_or_init(|| {
-            let r = self.register_gds(mode == GdsMode::Forced);
+            let compat = !crate::gds::driver::nvidia_fs_loaded();
+            let r = if mode == GdsMode::Auto && compat && self.dio.is_none() {
+                // Compatibility-mode cuFile is POSIX I/O on an O_DIRECT descriptor: for a
+                // buffered file it would throw the page cache away and buy nothing.
+                Err("cuFile runs in compatibility mode (no nvidia-fs) and would bypass the page \
+                     cache: buffered files keep the bounce path (open with `direct`, or use \
+                     Backend::Gds, to read them through cuFile)"
+                    .to_string())
+            } else {
+                self.register_gds(mode == GdsMode::Forced)
+            };
             if let Err(why) = &r {
                 tracing::info!(path = %self.path.display(), %why, "cuFile does not serve this file; device transfers use the bounce path");
             }
@@ -554,7 +564,9 @@ impl File {
         drop(guard);
         if stream.cu_stream() != own.cu_stream() {
             // cudarc frees on the memory's own stream: make it wait for the operation too.
-            let ev = stream.record_event(None).map_err(|e| Error::cuda(ctx(), e))?;
+            let ev = stream
+                .record_event(None)
+                .map_err(|e| Error::cuda(ctx(), e))?;
             own.wait(&ev).map_err(|e| Error::cuda(ctx(), e))?;
         }
         queued?;

@@ -247,7 +247,10 @@ impl SlotAllocator {
 
     /// Returns `slot`, merging it with its buddy while the buddy is free.
     pub(crate) fn free(&mut self, slot: BounceSlot) {
-        debug_assert_eq!(slot.on_device, self.on_device, "slot freed into the wrong pool");
+        debug_assert_eq!(
+            slot.on_device, self.on_device,
+            "slot freed into the wrong pool"
+        );
         self.in_use -= slot.size();
         let (mut offset, mut order) = (slot.offset, slot.order);
         while order < self.max_order {

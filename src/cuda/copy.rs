@@ -102,7 +102,12 @@ impl Transfer for DeviceCopyOut<'_> {
                     // whose pointer cudarc gave us for writing on `stream`; both are on the
                     // staging pool's device and the copy is ordered on `stream`.
                     Some(src) => unsafe {
-                        sys::cuMemcpyDtoDAsync_v2(dptr + to, src + from as u64, n, stream.cu_stream())
+                        sys::cuMemcpyDtoDAsync_v2(
+                            dptr + to,
+                            src + from as u64,
+                            n,
+                            stream.cu_stream(),
+                        )
                     },
                     // SAFETY: as above, with the source in a host bounce slot.
                     None => unsafe {

@@ -109,7 +109,9 @@ pub(crate) fn cufile() -> Result<&'static Cufile, String> {
             if !crate::cuda::available() {
                 return Err(format!(
                     "no usable CUDA device ({})",
-                    crate::cuda::probe().error.unwrap_or_else(|| "none found".into())
+                    crate::cuda::probe()
+                        .error
+                        .unwrap_or_else(|| "none found".into())
                 ));
             }
             let lib = super::sys::load()?;

@@ -11,8 +11,10 @@
 //! read that hit it is finished there, not failed. [`Backend::Gds`](crate::Backend::Gds)
 //! forces cuFile and reports those errors instead.
 //!
-//! Without the nvidia-fs kernel module cuFile runs in *compatibility mode* (POSIX I/O through
-//! its own host buffers). gpuio reports that as `cufile-compat`, never as GPUDirect.
+//! Without the nvidia-fs kernel module cuFile runs in *compatibility mode* (POSIX I/O on the
+//! O_DIRECT descriptor, through its own host buffers). gpuio reports that as `cufile-compat`,
+//! never as GPUDirect, and AUTO then uses cuFile only for files opened with `direct`: for a
+//! buffered file it would trade page-cache hits (tens of GB/s) for disk reads and buy nothing.
 //!
 //! # Soundness
 //! cuFile batch I/O is not ordered on a CUDA stream, so it only ever targets the reactor's
@@ -120,7 +122,12 @@ impl FileGds {
     }
 
     pub(crate) fn status(&self) -> GdsStatus {
-        if let Some(r) = self.reason.lock().unwrap_or_else(|p| p.into_inner()).clone() {
+        if let Some(r) = self
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
             return GdsStatus::Bounce(r);
         }
         if self.compat {

@@ -37,7 +37,9 @@ impl StagingPool {
         // SAFETY: `base` is writable; the context is bound to this thread.
         let rc = unsafe { cu::cuMemAlloc_v2(&mut base, len) };
         if rc != cu::CUresult::CUDA_SUCCESS {
-            return Err(format!("cuMemAlloc of {len} bytes for the staging pool: {rc:?}"));
+            return Err(format!(
+                "cuMemAlloc of {len} bytes for the staging pool: {rc:?}"
+            ));
         }
         let cf = cufile()?;
         // SAFETY: [base, base + len) is device memory we just allocated and free only after

@@ -68,7 +68,10 @@ impl StreamDone {
         } else if n == -1 {
             Err(Error::cuda_msg(self.ctx(), "cuFile stream I/O failed (-1)"))
         } else {
-            Err(Error::io(self.ctx(), std::io::Error::from_raw_os_error(code)))
+            Err(Error::io(
+                self.ctx(),
+                std::io::Error::from_raw_os_error(code),
+            ))
         }
     }
 

@@ -158,8 +158,14 @@ mod tests {
     fn layouts_match_cudarc() {
         assert_eq!(size_of::<RawDescr>(), size_of::<cu::CUfileDescr_t>());
         assert_eq!(size_of::<RawIoParams>(), size_of::<cu::CUfileIOParams_t>());
-        assert_eq!(align_of::<RawIoParams>(), align_of::<cu::CUfileIOParams_t>());
-        assert_eq!(offset_of!(RawIoParams, fh), offset_of!(cu::CUfileIOParams_t, fh));
+        assert_eq!(
+            align_of::<RawIoParams>(),
+            align_of::<cu::CUfileIOParams_t>()
+        );
+        assert_eq!(
+            offset_of!(RawIoParams, fh),
+            offset_of!(cu::CUfileIOParams_t, fh)
+        );
         assert_eq!(
             offset_of!(RawIoParams, cookie),
             offset_of!(cu::CUfileIOParams_t, cookie)

@@ -298,7 +298,14 @@ pub async fn run(a: BenchArgs) -> CliResult {
     };
     let gbps = all.bytes as f64 / secs / 1e9;
     let iops = all.ops as f64 / secs;
-    let backend = engine.backend().name;
+    // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
+    let backend = match &cuda {
+        Some(_) => match file.gds_status() {
+            gpuio::gds::GdsStatus::Bounce(_) => format!("{}+bounce", engine.backend().name),
+            s => s.name().to_string(),
+        },
+        None => engine.backend().name.to_string(),
+    };
     println!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, backend {backend}",

@@ -73,6 +73,87 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
             err.as_deref().unwrap_or("no devices")
         ),
     }
+    report_gds(&path)?;
+    Ok(())
+}
+
+/// The GPUDirect Storage verdict for `path`, in the spirit of NVIDIA's gdscheck: each piece
+/// cuFile needs, whether it is there, and what to do about it.
+fn report_gds(path: &std::path::Path) -> CliResult {
+    use std::os::unix::fs::MetadataExt;
+    let p = gpuio::gds::probe();
+    println!("GPUDirect Storage (cuFile):");
+    match &p.library {
+        Ok(lib) => println!("  library: {lib}"),
+        Err(e) => {
+            println!("  library: NOT FOUND ({e})");
+            println!(
+                "    -> install the CUDA runtime's libcufile (cuda-toolkit or libcufile-<ver>)"
+            );
+        }
+    }
+    match &p.driver {
+        Ok(()) => println!("  driver: opened (cuFileDriverOpen)"),
+        Err(e) => println!("  driver: NOT USABLE ({e})"),
+    }
+    if p.nvidia_fs {
+        println!("  nvidia-fs: loaded (true peer-to-peer DMA possible)");
+    } else {
+        println!("  nvidia-fs: NOT loaded -> cuFile runs in compatibility mode (POSIX I/O through");
+        println!(
+            "    its own host buffers; no DMA from storage to GPU). Load nvidia-fs (MLNX_OFED /"
+        );
+        println!("    nvidia-gds package) on a supported NVMe/RDMA setup for true GDS.");
+    }
+    let meta = std::fs::metadata(path)?;
+    let (maj, min) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+    let udev = format!("/run/udev/data/b{maj}:{min}");
+    if !p.udev_data {
+        println!("  udev database: /run/udev/data NOT readable (typical in containers)");
+    }
+    match std::fs::read_to_string(&udev) {
+        Ok(d) if d.contains("ID_FS_USAGE") => {
+            println!("  udev data for the backing device {maj}:{min}: present")
+        }
+        Ok(_) => println!("  udev data for {maj}:{min}: present but without ID_FS_USAGE"),
+        Err(_) => {
+            println!("  udev data for the backing device {maj}:{min}: MISSING ({udev})");
+            println!(
+                "    -> cuFile refuses to register files here (CU_FILE_HANDLE_NOT_REGISTERED);"
+            );
+            println!("       run with the host's /run/udev mounted, or as root create it:");
+            println!(
+                "       mkdir -p /run/udev/data; printf 'E:ID_FS_TYPE=<fs>\\nE:ID_FS_USAGE=filesystem\\n' > {udev}"
+            );
+        }
+    }
+    // Probe a regular file: the path itself, or a scratch file in the directory.
+    let (probe_path, _scratch) = if meta.is_dir() {
+        let mut t = tempfile::Builder::new()
+            .prefix(".gpuio-gds")
+            .tempfile_in(path)?;
+        std::io::Write::write_all(&mut t, &[0u8; 4096])?;
+        (t.path().to_path_buf(), Some(t))
+    } else {
+        (path.to_path_buf(), None)
+    };
+    let verdict = if p.driver.is_ok() {
+        gpuio::gds::check_file(&probe_path)
+    } else {
+        gpuio::gds::GdsStatus::Bounce("cuFile is not usable on this machine".into())
+    };
+    println!("  verdict for {}: {verdict}", path.display());
+    match verdict {
+        gpuio::gds::GdsStatus::Gds => {
+            println!("    Backend::Auto reads into GPU memory with GPUDirect DMA")
+        }
+        gpuio::gds::GdsStatus::CufileCompat => println!(
+            "    Backend::Auto uses cuFile in compatibility mode (reported as cufile-compat)"
+        ),
+        gpuio::gds::GdsStatus::Bounce(_) => println!(
+            "    Backend::Auto uses gpuio's bounce path (io_uring + pinned copies); Backend::Gds would refuse the file"
+        ),
+    }
     Ok(())
 }
 
