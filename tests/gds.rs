@@ -258,6 +258,14 @@ async fn stream_ordered_read_then_kernel_on_the_same_stream() {
         let bad = work.clone_dtoh(&bad).unwrap()[0];
         assert_eq!(bad, 0, "kernel saw {bad} wrong bytes at {off}+{n}");
     }
+    // A registered destination (cuFileBufRegister, deregistered on drop) works the same.
+    let reg = home.alloc_zeros::<u8>(2 << 20).unwrap();
+    let mut reg = gpuio::gds::RegisteredBuffer::new(reg).unwrap();
+    let io = f.read_on_stream(&mut *reg, 4096, &work).unwrap();
+    assert_eq!(io.await.unwrap(), 2 << 20);
+    assert!(work.clone_dtoh(&*reg).unwrap()[..] == data[4096..4096 + (2 << 20)]);
+    let plain = reg.into_inner();
+    assert_eq!(plain.len(), 2 << 20);
     // Stream-ordered write of device memory, then read back from the file.
     let src = work.clone_htod(&pattern(3 << 20, 77)).unwrap();
     let io = f.write_on_stream(&src, 8192, &work).unwrap();

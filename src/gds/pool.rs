@@ -90,6 +90,11 @@ impl Drop for StagingPool {
 /// A device buffer registered with cuFile (`cuFileBufRegister`) for as long as this value
 /// lives; deregistered on drop.
 ///
+/// It matters for stream-ordered I/O ([`File::read_on_stream`](crate::File::read_on_stream),
+/// [`File::write_on_stream`](crate::File::write_on_stream)), which cuFile moves straight into
+/// or out of the buffer: pass `&mut *buf`. Batch reads (`read_into`) land in gpuio's own
+/// staging pool, which is registered once per engine, so they gain nothing from it.
+///
 /// Registration pins the buffer's pages in the GPU's BAR for peer-to-peer DMA. It costs a
 /// driver call that takes from tens of microseconds to milliseconds depending on size, and it
 /// uses BAR space, so register long-lived buffers (weights, KV-cache arenas) once and reuse

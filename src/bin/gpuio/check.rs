@@ -148,7 +148,7 @@ fn report_gds(path: &std::path::Path) -> CliResult {
             println!("    Backend::Auto reads into GPU memory with GPUDirect DMA")
         }
         gpuio::gds::GdsStatus::CufileCompat => println!(
-            "    Backend::Auto uses cuFile in compatibility mode (reported as cufile-compat)"
+            "    Backend::Auto uses cuFile in compatibility mode (reported as cufile-compat) for files opened with `direct`; buffered files keep the page cache through the bounce path"
         ),
         gpuio::gds::GdsStatus::Bounce(_) => println!(
             "    Backend::Auto uses gpuio's bounce path (io_uring + pinned copies); Backend::Gds would refuse the file"
