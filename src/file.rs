@@ -299,15 +299,15 @@ impl FileInner {
         let dio = align::query(fd.as_fd())
             .map_err(|e| format!("statx: {e}"))?
             .ok_or("the filesystem reports no direct-I/O support, which cuFile needs")?;
-        let align = (dio.offset as u64).max(MIN_SLOT as u64);
-        if align > MIN_SLOT as u64 || dio.memory as usize > MIN_SLOT {
+        // Staging slots are 4 KiB-aligned and cuFile pieces are planned on 4 KiB.
+        if dio.offset as usize > MIN_SLOT || dio.memory as usize > MIN_SLOT {
             return Err(format!(
                 "direct-I/O alignment (memory {}, offset {}) exceeds the 4 KiB staging granularity",
                 dio.memory, dio.offset
             ));
         }
         let handle = GdsHandle::register(fd).map_err(|e| e.to_string())?;
-        Ok(crate::gds::FileGds::new(handle, align, forced))
+        Ok(crate::gds::FileGds::new(handle, MIN_SLOT as u64, forced))
     }
 }
 

@@ -4,22 +4,12 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::*;
 use gpuio::{Engine, OpenOptions};
 
 const LEN: usize = 16 << 20;
-
-/// Polls `f` once (which submits it) and reports whether it finished.
-fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    matches!(Pin::new(f).poll(&mut cx), Poll::Ready(_))
-}
 
 fn engines_for_cancel() -> Vec<(&'static str, Engine)> {
     // Small chunks and a shallow queue: a 16 MiB read is 64 pieces, so it is surely mid-flight.

@@ -3,10 +3,7 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::*;
@@ -214,12 +211,6 @@ async fn read_ordered_on_stream_then_kernel_checks_it() {
     }
 }
 
-fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    matches!(Pin::new(f).poll(&mut cx), Poll::Ready(_))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drop_and_leak_mid_flight_then_reuse_and_free() {
     let Some(ctx) = gpu("drop_and_leak_mid_flight_then_reuse_and_free") else {
@@ -253,16 +244,7 @@ async fn drop_and_leak_mid_flight_then_reuse_and_free() {
         let mut whole = stream.clone_htod(&vec![CANARY; LEN + 2 * GUARD]).unwrap();
         {
             let mut view = whole.slice_mut(GUARD..GUARD + LEN);
-            let mut fut = f.read_into(&mut view, 0);
-            if !poll_once(&mut fut) {
-                std::thread::sleep(Duration::from_millis(2));
-                poll_once(&mut fut);
-                if leak {
-                    std::mem::forget(fut);
-                } else {
-                    drop(fut);
-                }
-            }
+            abandon_mid_flight(f.read_into(&mut view, 0), 2, leak);
         }
         // The caller takes the memory back and writes its own pattern (stream-ordered).
         let mut view = whole.slice_mut(GUARD..GUARD + LEN);

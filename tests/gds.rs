@@ -5,10 +5,7 @@
 
 mod common;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use common::*;
@@ -63,12 +60,6 @@ fn open(test: &str, engine: &Engine, path: &std::path::Path, write: bool) -> Opt
         }
         Err(e) => panic!("{test}: open: {e}"),
     }
-}
-
-fn poll_once<F: Future + Unpin>(f: &mut F) -> bool {
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    matches!(Pin::new(f).poll(&mut cx), Poll::Ready(_))
 }
 
 #[test]
@@ -298,16 +289,7 @@ async fn drop_and_leak_mid_flight_then_reuse_and_shutdown() {
         let mut whole = stream.clone_htod(&vec![0xC3u8; LEN + 2 * GUARD]).unwrap();
         {
             let mut view = whole.slice_mut(GUARD..GUARD + LEN);
-            let mut fut = f.read_into(&mut view, 0);
-            if !poll_once(&mut fut) {
-                std::thread::sleep(Duration::from_millis(3));
-                poll_once(&mut fut);
-                if leak {
-                    std::mem::forget(fut);
-                } else {
-                    drop(fut);
-                }
-            }
+            abandon_mid_flight(f.read_into(&mut view, 0), 3, leak);
         }
         let mut view = whole.slice_mut(GUARD..GUARD + LEN);
         stream.memcpy_htod(&vec![0x5Au8; LEN], &mut view).unwrap();

@@ -125,7 +125,8 @@ impl BatchQueue {
             let n = self.queued.len().min(BATCH_MAX);
             let batch: Vec<BatchEntry> = self.queued.drain(..n).collect();
             self.params.clear();
-            for e in &batch {
+            // The cookie is the entry's index in its submission, so reaping finds it at once.
+            for (k, e) in batch.iter().enumerate() {
                 self.params.push(RawIoParams {
                     mode: BATCH_MODE,
                     dev_ptr_base: e.dev_base as *mut c_void,
@@ -134,7 +135,7 @@ impl BatchQueue {
                     size: e.len,
                     fh: e.fh,
                     opcode: if e.write { OP_WRITE } else { OP_READ },
-                    cookie: e.token as *mut c_void,
+                    cookie: k as *mut c_void,
                 });
             }
             // SAFETY: `raw` is an idle batch handle; `params` holds `n <= BATCH_MAX` valid
@@ -201,8 +202,8 @@ impl BatchQueue {
                 continue;
             }
             for ev in &self.events[..(nr as usize).min(BATCH_MAX)] {
-                let token = ev.cookie as u64;
-                let Some(k) = b.tokens.iter().position(|&t| t == token) else {
+                let k = ev.cookie as usize;
+                let Some(&token) = b.tokens.get(k) else {
                     continue;
                 };
                 let res = match ev.status {

@@ -10,7 +10,8 @@ use super::sys::{HANDLE_TYPE_FD, RawDescr, RawHandle};
 /// with I/O.
 pub(crate) struct GdsHandle {
     raw: RawHandle,
-    fd: OwnedFd,
+    /// Kept open for the registration's life; closed after `Drop` deregisters.
+    _fd: OwnedFd,
 }
 
 // SAFETY: a cuFile handle may be used from any thread; gpuio only deregisters it in Drop.
@@ -60,7 +61,7 @@ impl GdsHandle {
         // moved into the handle and closed only after deregistration); `raw` is writable.
         check(unsafe { (cf.lib.cuFileHandleRegister)(&mut raw, &mut descr) })
             .map_err(RegisterError::Refused)?;
-        Ok(GdsHandle { raw, fd })
+        Ok(GdsHandle { raw, _fd: fd })
     }
 
     pub(crate) fn raw(&self) -> RawHandle {
@@ -73,9 +74,8 @@ impl Drop for GdsHandle {
         if let Ok(cf) = cufile() {
             // SAFETY: `raw` was registered by `register` and is deregistered only here; no I/O
             // uses it any more (every op holds the file, hence this handle, until its I/O is
-            // done). The descriptor closes after this, when `fd` drops.
+            // done). The descriptor closes after this, when `_fd` drops.
             unsafe { (cf.lib.cuFileHandleDeregister)(self.raw) };
         }
-        let _ = self.fd.as_raw_fd();
     }
 }

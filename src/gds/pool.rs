@@ -18,7 +18,6 @@ use crate::cuda::Pod;
 pub(crate) struct StagingPool {
     ctx: Arc<CudaContext>,
     base: CUdeviceptr,
-    len: usize,
     registered: bool,
 }
 
@@ -56,7 +55,6 @@ impl StagingPool {
         Ok(StagingPool {
             ctx: ctx.clone(),
             base,
-            len,
             registered,
         })
     }
@@ -83,7 +81,6 @@ impl Drop for StagingPool {
             // SAFETY: allocated in `new`; nothing uses it any more (see above).
             let _ = unsafe { cu::cuMemFree_v2(self.base) };
         }
-        let _ = self.len;
     }
 }
 
@@ -103,7 +100,8 @@ impl Drop for StagingPool {
 /// (it derefs to one).
 pub struct RegisteredBuffer<T: Pod> {
     slice: CudaSlice<T>,
-    registered: bool,
+    /// The registered base address, while registered.
+    registered: Option<CUdeviceptr>,
 }
 
 impl<T: Pod> RegisteredBuffer<T> {
@@ -117,19 +115,20 @@ impl<T: Pod> RegisteredBuffer<T> {
         if len == 0 {
             return Ok(RegisteredBuffer {
                 slice,
-                registered: false,
+                registered: None,
             });
         }
-        let stream = slice.stream().clone();
-        let (ptr, _guard) = slice.device_ptr(&stream);
+        let ptr = {
+            let stream = slice.stream().clone();
+            slice.device_ptr(&stream).0
+        };
         // SAFETY: [ptr, ptr + len) is the slice's allocation, which outlives the registration
-        // (deregistered in Drop before the slice is freed).
+        // (deregistered in Drop or `into_inner` before the slice can be freed).
         check(unsafe { (cf.lib.cuFileBufRegister)(ptr as *const _, len, 0) })
             .map_err(|c: CufileCode| Error::cuda_msg(ctx(), format!("cuFileBufRegister: {c}")))?;
-        drop(_guard);
         Ok(RegisteredBuffer {
             slice,
-            registered: true,
+            registered: Some(ptr),
         })
     }
 
@@ -144,13 +143,8 @@ impl<T: Pod> RegisteredBuffer<T> {
     }
 
     fn deregister(&mut self) {
-        if !std::mem::take(&mut self.registered) {
-            return;
-        }
-        if let Ok(cf) = cufile() {
-            let stream = self.slice.stream().clone();
-            let (ptr, _guard) = self.slice.device_ptr(&stream);
-            // SAFETY: registered in `new`; deregistered once (the flag was just cleared).
+        if let (Some(ptr), Ok(cf)) = (self.registered.take(), cufile()) {
+            // SAFETY: `ptr` was registered in `new` and is deregistered once (just taken).
             let _ = unsafe { (cf.lib.cuFileBufDeregister)(ptr as *const _) };
         }
     }

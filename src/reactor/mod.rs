@@ -443,7 +443,9 @@ impl Reactor {
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {
                 l.slots.free(slot);
+                return;
             }
+            debug_assert!(false, "device slot freed without a cuFile lane");
         } else {
             self.slots.free(slot);
         }

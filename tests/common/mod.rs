@@ -133,3 +133,29 @@ pub fn skipped(why: impl std::fmt::Display) {
     use std::io::Write;
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
+
+/// Polls `f` once with a waker that does nothing (which submits it) and reports whether it
+/// finished.
+pub fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> bool {
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    matches!(
+        std::pin::Pin::new(f).poll(&mut cx),
+        std::task::Poll::Ready(_)
+    )
+}
+
+/// Starts `fut`, lets it run for `ms` milliseconds, polls it again, and then, unless it has
+/// finished, drops it or (`leak`) forgets it mid-flight.
+pub fn abandon_mid_flight<F: std::future::Future + Unpin>(mut fut: F, ms: u64, leak: bool) {
+    if poll_once(&mut fut) {
+        return;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(ms));
+    poll_once(&mut fut);
+    if leak {
+        std::mem::forget(fut);
+    } else {
+        drop(fut);
+    }
+}
