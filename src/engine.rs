@@ -57,6 +57,17 @@ impl std::str::FromStr for Backend {
     }
 }
 
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Auto => "auto",
+            Backend::Uring => "uring",
+            Backend::Pread => "pread",
+            Backend::Gds => "gds",
+        })
+    }
+}
+
 /// What an engine runs on, and why.
 #[derive(Debug, Clone)]
 pub struct BackendInfo {

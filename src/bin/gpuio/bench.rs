@@ -9,7 +9,7 @@ use clap::{Args, ValueEnum};
 use gpuio::{Backend, Engine, OpenOptions};
 
 use crate::CliResult;
-use crate::size::{ByteSize, fmt_bytes};
+use crate::size::{ByteSize, fmt_bytes, short_size};
 
 /// Where data goes: `host`, `gpu` (device 0) or `gpu:N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,33 +89,65 @@ pub struct BenchArgs {
     /// Sequential or random offsets (random ones are multiples of --bs).
     #[arg(long, value_enum, default_value = "seq")]
     pattern: Pattern,
-    /// Bytes per request.
-    #[arg(long, default_value = "1M")]
-    bs: ByteSize,
-    /// Requests in flight (concurrent futures).
-    #[arg(long, default_value_t = 32)]
-    qd: usize,
+    /// Bytes per request; a comma-separated list sweeps them (`4K,64K,1M`).
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1M")]
+    bs: Vec<ByteSize>,
+    /// Requests in flight (concurrent futures); a comma-separated list sweeps them.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "32")]
+    qd: Vec<usize>,
     /// O_DIRECT.
     #[arg(long)]
     direct: bool,
     /// Destination (or source) memory: host, gpu, gpu:N.
     #[arg(long, default_value = "host")]
     to: Target,
-    /// Backend.
-    #[arg(long, default_value = "auto")]
-    backend: Backend,
+    /// Backend; a comma-separated list compares them (`uring,pread`).
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "auto")]
+    backend: Vec<Backend>,
     /// Engine chunk size (default: 4M, or --bs if larger).
     #[arg(long)]
     chunk: Option<ByteSize>,
-    /// Seconds to run.
+    /// Seconds to run each point.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long)]
     inline_copies: bool,
-    /// Print one JSON object as the last line of stdout.
+    /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     json: bool,
+    /// Write an SVG plot of throughput against block size and queue depth, one panel per
+    /// backend.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+}
+
+/// One point of a sweep.
+#[derive(Debug, Clone, Copy)]
+pub struct Point {
+    /// The backend asked for.
+    pub backend: Backend,
+    /// Bytes per request.
+    pub bs: u64,
+    /// Requests in flight.
+    pub qd: usize,
+}
+
+/// What one point measured.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    /// Where it was measured.
+    pub point: Point,
+    /// The path that served it (`io_uring`, `pread`, `cufile-compat`, `io_uring+bounce`, ...).
+    pub served_by: String,
+    /// Bytes per second / 1e9.
+    pub gbps: f64,
+    /// Requests per second.
+    pub iops: f64,
+    /// Median request latency.
+    pub lat_p50_us: u32,
+    /// 99th percentile request latency.
+    pub lat_p99_us: u32,
 }
 
 struct TaskStats {
@@ -126,21 +158,125 @@ struct TaskStats {
 
 pub async fn run(a: BenchArgs) -> CliResult {
     let cuda = a.to.cuda()?;
-    let bs = a.bs.0;
-    if bs == 0 || a.qd == 0 || !a.seconds.is_finite() || a.seconds <= 0.0 {
+    if a.bs.iter().any(|b| b.0 == 0)
+        || a.qd.contains(&0)
+        || !a.seconds.is_finite()
+        || a.seconds <= 0.0
+    {
         return Err("--bs, --qd and --seconds must be positive".into());
     }
+    if let Some(p) = &a.plot {
+        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+            return Err(format!(
+                "--plot {}: only SVG is written (name it *.svg)",
+                p.display()
+            )
+            .into());
+        }
+    }
+    let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
+
+    // The file: given, or a temporary one we fill first (once, for every point).
+    let _tmp;
+    let path = match &a.file {
+        Some(p) => p.clone(),
+        None => {
+            let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
+            let p = t.path().to_path_buf();
+            _tmp = t;
+            if a.rw == Rw::Read {
+                fill(&Engine::new()?, &p, a.size.0).await?;
+            }
+            p
+        }
+    };
+    let span = match a.rw {
+        Rw::Read => {
+            let len = std::fs::metadata(&path)?.len();
+            if a.file.is_some() {
+                len.min(a.size.0)
+            } else {
+                len
+            }
+        }
+        Rw::Write => a.size.0,
+    };
+    if span < max_bs {
+        return Err(format!("file span {span} is smaller than --bs {max_bs}").into());
+    }
+
+    let mut results = Vec::new();
+    for &backend in &a.backend {
+        for bs in a.bs.iter().map(|b| b.0) {
+            for &qd in &a.qd {
+                let point = Point { backend, bs, qd };
+                let m = measure(&a, point, &path, span, cuda.as_ref()).await?;
+                if a.json {
+                    println!("{}", m.json);
+                }
+                results.push(m.result);
+            }
+        }
+    }
+    if results.len() > 1 {
+        println!(
+            "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  served by",
+            "backend", "bs", "qd", "GB/s", "IOPS", "p50 us", "p99 us"
+        );
+        for m in &results {
+            println!(
+                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {}",
+                m.point.backend.to_string(),
+                short_size(m.point.bs),
+                m.point.qd,
+                m.gbps,
+                m.iops,
+                m.lat_p50_us,
+                m.lat_p99_us,
+                m.served_by
+            );
+        }
+    }
+    if let Some(p) = &a.plot {
+        let title = format!(
+            "gpuio bench: {} {} {} to {}, {}",
+            if a.direct { "O_DIRECT" } else { "buffered" },
+            format!("{:?}", a.pattern).to_lowercase(),
+            format!("{:?}", a.rw).to_lowercase(),
+            a.to,
+            fmt_bytes(span),
+        );
+        crate::plot::write_svg(p, &title, &results)?;
+        println!("plot written to {}", p.display());
+    }
+    Ok(())
+}
+
+struct PointOutput {
+    result: Measurement,
+    json: serde_json::Value,
+}
+
+/// Runs one point: its own engine, `qd` tasks for `a.seconds`, every latency recorded.
+async fn measure(
+    a: &BenchArgs,
+    point: Point,
+    path: &std::path::Path,
+    span: u64,
+    cuda: Option<&Arc<gpuio::cuda::cudarc::driver::CudaContext>>,
+) -> Result<PointOutput, Box<dyn std::error::Error + Send + Sync>> {
+    let Point { backend, bs, qd } = point;
     let chunk = a
         .chunk
         .map(|c| c.0)
         .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)));
     let pieces_per_req = bs.div_ceil(chunk).max(1) as usize;
-    let qd_engine = (a.qd * pieces_per_req).clamp(1, 4096);
+    let qd_engine = (qd * pieces_per_req).clamp(1, 4096);
     // Room for every request in flight plus as much again awaiting copy-out.
-    let pool = (2 * a.qd as u64 * bs.max(4096)).max(128 << 20);
+    let pool = (2 * qd as u64 * bs.max(4096)).max(128 << 20);
     let slots = pool.div_ceil(chunk.next_power_of_two()).clamp(4, 65535) as usize;
     let engine = Engine::builder()
-        .backend(a.backend)
+        .backend(backend)
         .chunk_size(chunk as usize)
         .queue_depth(qd_engine)
         .bounce_slots(slots)
@@ -150,47 +286,18 @@ pub async fn run(a: BenchArgs) -> CliResult {
             Some(64 << 10)
         })
         .build()?;
-
-    // The file: given, or a temporary one we fill first.
-    let _tmp;
-    let path = match &a.file {
-        Some(p) => p.clone(),
-        None => {
-            let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
-            let p = t.path().to_path_buf();
-            _tmp = t;
-            if a.rw == Rw::Read {
-                fill(&engine, &p, a.size.0).await?;
-            }
-            p
-        }
-    };
     let file = match a.rw {
         Rw::Read => OpenOptions::new()
             .read(true)
             .direct(a.direct)
-            .open(&engine, &path)?,
+            .open(&engine, path)?,
         Rw::Write => OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .direct(a.direct)
-            .open(&engine, &path)?,
+            .open(&engine, path)?,
     };
-    let span = match a.rw {
-        Rw::Read => {
-            let len = file.len()?;
-            if a.file.is_some() {
-                len.min(a.size.0)
-            } else {
-                len
-            }
-        }
-        Rw::Write => a.size.0,
-    };
-    if span < bs {
-        return Err(format!("file span {span} is smaller than --bs {bs}").into());
-    }
     let slots_in_span = span / bs;
     let file = Arc::new(file);
     let cursor = Arc::new(AtomicU64::new(0));
@@ -202,13 +309,13 @@ pub async fn run(a: BenchArgs) -> CliResult {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(a.qd);
+    let mut tasks = Vec::with_capacity(qd);
     let mut streams = Vec::new();
-    for t in 0..a.qd {
+    for t in 0..qd {
         let (file, cursor, bytes_done) = (file.clone(), cursor.clone(), bytes_done.clone());
         let (rw, pattern) = (a.rw, a.pattern);
         // Each task owns its buffer; on a GPU, its own stream too, so copies overlap.
-        let mut buf = match &cuda {
+        let mut buf = match cuda {
             None => Buffer::Host(vec![0xA5u8; bs as usize]),
             Some(ctx) => {
                 let stream = ctx
@@ -299,7 +406,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let gbps = all.bytes as f64 / secs / 1e9;
     let iops = all.ops as f64 / secs;
     // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
-    let backend = match &cuda {
+    let served_by = match cuda {
         Some(_) => match file.gds_status() {
             gpuio::gds::GdsStatus::Bounce(_) => format!("{}+bounce", engine.backend().name),
             s => s.name().to_string(),
@@ -308,42 +415,50 @@ pub async fn run(a: BenchArgs) -> CliResult {
     };
     println!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
-         lat p50 {} us p99 {} us, backend {backend}",
+         lat p50 {} us p99 {} us, backend {served_by}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
         a.rw,
         a.to,
         fmt_bytes(bs),
-        a.qd,
+        qd,
         path.display(),
         fmt_bytes(all.bytes),
         pct(0.5),
         pct(0.99),
     );
-    if a.json {
-        let v = serde_json::json!({
-            "bytes": all.bytes,
-            "seconds": secs,
-            "gbps": gbps,
-            "iops": iops,
-            "backend": backend,
-            "backend_detail": engine.backend().detail,
-            "rw": format!("{:?}", a.rw).to_lowercase(),
-            "pattern": format!("{:?}", a.pattern).to_lowercase(),
-            "bs": bs,
-            "qd": a.qd,
-            "direct": a.direct,
-            "to": a.to.to_string(),
-            "bounce_pinned": engine.bounce_pool_pinned(),
-            "inline_copies": a.inline_copies,
-            "ops": all.ops,
-            "lat_p50_us": pct(0.5),
-            "lat_p99_us": pct(0.99),
-            "file": path.display().to_string(),
-        });
-        println!("{v}");
-    }
-    Ok(())
+    let json = serde_json::json!({
+        "bytes": all.bytes,
+        "seconds": secs,
+        "gbps": gbps,
+        "iops": iops,
+        "backend": served_by,
+        "backend_requested": backend.to_string(),
+        "backend_detail": engine.backend().detail,
+        "rw": format!("{:?}", a.rw).to_lowercase(),
+        "pattern": format!("{:?}", a.pattern).to_lowercase(),
+        "bs": bs,
+        "qd": qd,
+        "direct": a.direct,
+        "to": a.to.to_string(),
+        "bounce_pinned": engine.bounce_pool_pinned(),
+        "inline_copies": a.inline_copies,
+        "ops": all.ops,
+        "lat_p50_us": pct(0.5),
+        "lat_p99_us": pct(0.99),
+        "file": path.display().to_string(),
+    });
+    Ok(PointOutput {
+        result: Measurement {
+            point,
+            served_by,
+            gbps,
+            iops,
+            lat_p50_us: pct(0.5),
+            lat_p99_us: pct(0.99),
+        },
+        json,
+    })
 }
 
 /// Fills a fresh file with `size` pseudo-random bytes through the engine.

@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod plot;
 mod size;
 
 use std::path::PathBuf;

@@ -48,6 +48,22 @@ pub fn fmt_bytes(n: u64) -> String {
     }
 }
 
+/// `4K`, `1M`, `1.5M`: the short form axis labels and tables use (binary multiples).
+pub fn short_size(n: u64) -> String {
+    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +77,9 @@ mod tests {
         assert!("x".parse::<ByteSize>().is_err());
         assert!("99999999999T".parse::<ByteSize>().is_err());
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(short_size(4096), "4K");
+        assert_eq!(short_size(1 << 20), "1M");
+        assert_eq!(short_size(1536 << 10), "1.5M");
+        assert_eq!(short_size(512), "512");
     }
 }
