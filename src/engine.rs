@@ -400,6 +400,15 @@ impl Engine {
         }
     }
 
+    /// Waits until `stream` has finished everything queued on it so far, without blocking a
+    /// thread: the reactor polls an event recorded now and wakes the task. Use it instead of
+    /// `stream.synchronize()` inside async code (a tokio worker parked in
+    /// `cuStreamSynchronize` stalls every task scheduled on it).
+    #[cfg(feature = "cuda")]
+    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::cuda::StreamSync {
+        crate::cuda::start_sync(&self.inner.shared, stream)
+    }
+
     pub(crate) fn shared(&self) -> &Arc<EngineShared> {
         &self.inner.shared
     }

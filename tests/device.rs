@@ -344,3 +344,77 @@ async fn free_after_leaked_read_on_a_dropped_stream() {
         }
     }
 }
+
+/// A kernel that keeps the GPU busy for about `ns` nanoseconds, then sets `*flag = 1`.
+const SPIN_KERNEL: &str = r#"
+extern "C" __global__ void spin(unsigned long long ns, unsigned int* flag) {
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns) break;
+    }
+    *flag = 1;
+}
+"#;
+
+#[test]
+fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
+    let Some(ctx) = gpu("synchronize_waits_for_the_stream_without_blocking_the_thread") else {
+        return;
+    };
+    // One thread: if `synchronize` blocked it, the ticker below could not run during the wait.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = Engine::new().unwrap();
+        let stream = ctx.new_stream().unwrap();
+        let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
+        let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
+        let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
+        let ns: u64 = 300_000_000;
+        let mut b = stream.launch_builder(&spin);
+        b.arg(&ns).arg(&mut flag);
+        // SAFETY: one thread writes the one u32 `flag` holds.
+        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+        let done = stream.record_event(None).unwrap();
+
+        let ticks = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        let t0 = std::time::Instant::now();
+        engine.synchronize(&stream).await.expect("synchronize");
+        let waited = t0.elapsed();
+        ticker.abort();
+        assert!(done.is_complete(), "resolved before the stream finished");
+        assert!(waited >= Duration::from_millis(200), "waited only {waited:?}");
+        let n = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(n >= 10, "the thread was blocked: {n} ticks in {waited:?}");
+        assert_eq!(stream.clone_dtoh(&flag).unwrap(), vec![1]);
+
+        // Dropping a wait midway is harmless; after shutdown a wait errs instead of hanging.
+        b = stream.launch_builder(&spin);
+        b.arg(&ns).arg(&mut flag);
+        // SAFETY: as above.
+        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+        let mut early = Box::pin(engine.synchronize(&stream));
+        assert!(!poll_once(&mut early), "resolved while the kernel runs");
+        drop(early);
+        engine.shutdown().await.unwrap();
+        let after = tokio::time::timeout(Duration::from_secs(5), engine.synchronize(&stream))
+            .await
+            .expect("synchronize after shutdown hung");
+        assert!(after.is_err(), "synchronize after shutdown: {after:?}");
+        stream.synchronize().unwrap();
+    });
+}

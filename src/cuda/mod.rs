@@ -33,11 +33,17 @@ pub(crate) mod copy;
 mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;
+#[cfg(feature = "cuda")]
+mod sync;
+#[cfg(feature = "cuda")]
+pub(crate) use sync::start as start_sync;
 
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use device::{DeviceDst, DeviceSrc, Pod};
+#[cfg(feature = "cuda")]
+pub use sync::StreamSync;
 
 /// Looks for the CUDA driver library and asks it for its version and devices.
 pub fn probe() -> CudaProbe {

@@ -143,12 +143,41 @@ pub(crate) enum Msg {
     /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
     #[cfg(feature = "cuda")]
     StreamDone(crate::gds::stream::StreamDone),
+    /// A stream reached the event behind [`Engine::synchronize`](crate::Engine::synchronize)
+    /// (always behind a gate).
+    #[cfg(feature = "cuda")]
+    StreamIdle(Arc<OpShared>),
 }
 
 impl Msg {
     /// Whether the reactor must be woken for this message. Slot returns and cancellations
     /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
     /// gated message is as urgent as the message behind its gate.
+    /// Completes, with `why`, an op the reactor does not track in its table (stream work
+    /// whose only record is this message), so its future cannot wait forever once the message
+    /// is dropped or leaked. Ops in the table are failed by the reactor itself.
+    fn fail_untracked(&self, why: &str) {
+        #[cfg(feature = "cuda")]
+        match self {
+            Msg::StreamDone(done) => done.shared.complete(Err(Error::cuda_msg(
+                Context::op(done.op).with_path(&done.file.path),
+                why,
+            ))),
+            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
+                Context::op(OpKind::Sync).with_backend("cuda"),
+                why,
+            ))),
+            Msg::Gated(g) => {
+                if let Some(m) = &g.inner {
+                    m.fail_untracked(why);
+                }
+            }
+            _ => {}
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (self, why);
+    }
+
     fn is_urgent(&self) -> bool {
         match self {
             Msg::Release(..) | Msg::Cancel(..) => false,
@@ -212,6 +241,9 @@ impl Gated {
 
 impl Drop for Gated {
     fn drop(&mut self) {
+        if let Some(m) = &self.inner {
+            m.fail_untracked("the engine stopped before the CUDA work was seen to finish");
+        }
         if self.inner.is_some() && !matches!(self.gate.poll(), GateState::Open) {
             // The work may still run: leak the memory it touches and the message itself
             // (stream operations keep their parameter block in it).
@@ -641,6 +673,11 @@ impl Reactor {
                 )));
                 std::mem::forget(done);
             }
+            #[cfg(feature = "cuda")]
+            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
+                Context::op(OpKind::Sync).with_backend("cuda"),
+                "the stream's event failed",
+            ))),
             Msg::Gated(mut g) => {
                 if let Some(inner) = g.take() {
                     self.abandon_msg(inner);
@@ -769,6 +806,8 @@ impl Reactor {
                 let r = done.result();
                 done.shared.complete(r);
             }
+            #[cfg(feature = "cuda")]
+            Msg::StreamIdle(shared) => shared.complete(Ok(0)),
             Msg::Abandon(shared, pieces) => {
                 self.compromised = true;
                 let key = shared.key();
