@@ -14,23 +14,9 @@ use gpuio::Engine;
 use gpuio::cuda::cudarc::driver::sys::CUevent_flags;
 use gpuio::cuda::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-const KERNEL: &str = r#"
-extern "C" __global__ void weighted_sum(const unsigned char* d, unsigned long long n,
-                                        unsigned long long* out) {
-    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    unsigned long long s = 0;
-    for (; i < n; i += (unsigned long long)gridDim.x * blockDim.x) s += d[i] * (i % 251 + 1);
-    atomicAdd(out, s);
-}
-"#;
-
-/// The checksum the kernel computes, on the CPU.
-fn weighted_sum(d: &[u8]) -> u64 {
-    d.iter()
-        .enumerate()
-        .map(|(i, &b)| b as u64 * (i as u64 % 251 + 1))
-        .sum()
-}
+#[path = "common/checksum.rs"]
+mod checksum;
+use checksum::{KERNEL, weighted_sum};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -63,7 +49,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Verify every chunk against the CPU.
     let data = std::fs::read(&path)?;
     for (i, got) in sums.iter().enumerate() {
-        let want = weighted_sum(&data[i * chunk..((i + 1) * chunk).min(len)]);
+        let want = weighted_sum(
+            &data[i * chunk..((i + 1) * chunk).min(len)],
+            (i * chunk) as u64,
+        );
         if *got != want {
             return Err(format!("chunk {i}: checksum {got} != CPU {want}").into());
         }
@@ -128,8 +117,8 @@ async fn gpu_pipeline(
         assert_eq!(got, n);
         let before = s.record_event(timed)?;
         let mut b = s.launch_builder(&f);
-        let n64 = n as u64;
-        b.arg(&bufs[i % k]).arg(&n64).arg(&mut outs[i]);
+        let (n64, base) = (n as u64, off as u64);
+        b.arg(&bufs[i % k]).arg(&n64).arg(&base).arg(&mut outs[i]);
         // SAFETY: the kernel reads n bytes of a buffer of at least n and adds into one u64.
         unsafe { b.launch(LaunchConfig::for_num_elems((n as u32).min(1 << 20)))? };
         kernel_events.push((before, s.record_event(timed)?));
@@ -174,7 +163,7 @@ async fn host_pipeline(
         t.io += io_start.elapsed();
         running.push_back(tokio::task::spawn_blocking(move || {
             let c = Instant::now();
-            let sum = weighted_sum(&buf);
+            let sum = weighted_sum(&buf, off as u64);
             (sum, c.elapsed(), buf)
         }));
     }

@@ -27,6 +27,20 @@ for line in sys.stdin:
 ' | while IFS=$'\t' read -r name exe; do
     cp "$exe" "$OUT/tests/$name"
   done
+# The criterion benches that measure device memory (they skip, saying why, without a GPU).
+cargo bench --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["bench"] and m.get("executable"):
+        print(m["target"]["name"] + "\t" + m["executable"])
+' | while IFS=$'\t' read -r name exe; do
+    case "$name" in device_*) cp "$exe" "$OUT/bin/$name" ;; esac
+  done
 cp target/release/gpuio "$OUT/bin/"
 for ex in target/release/examples/*; do
   [ -f "$ex" ] && [ -x "$ex" ] && case "$ex" in *-*|*.d) ;; *) cp "$ex" "$OUT/bin/" ;; esac
@@ -102,6 +116,31 @@ for r in $(seq 1 "${BENCH_ROUNDS:-3}"); do
   bench "O_DIRECT 4M qd16 to gpu auto #$r" --file "$F" --size 4G --bs 4M --qd 16 --direct --to gpu --seconds 5
   bench "warm 16M qd8 to host #$r" --file "$F" --size 4G --bs 16M --qd 8 --seconds 5
 done
+# ---- examples, the device criterion bench, and sweeps drawn as plots
+# EXAMPLES=0 skips this part.
+if [ "${EXAMPLES:-1}" = 1 ]; then
+  ./bin/quickstart "$F" > "$LOGS/quickstart.txt" 2>&1; TABLE+=("quickstart: $(tail -1 "$LOGS/quickstart.txt")")
+  ./bin/pipeline "$F" 64 2 > "$LOGS/pipeline.txt" 2>&1; TABLE+=("pipeline 64M K=2: $(tail -1 "$LOGS/pipeline.txt")")
+  ./bin/service --requests 50000 --clients 64 > "$LOGS/service.txt" 2>&1
+  while read -r l; do TABLE+=("service: $l"); done < <(tail -3 "$LOGS/service.txt")
+  ./bin/device_read --bench > "$LOGS/device_read.txt" 2>&1
+  while read -r l; do TABLE+=("criterion $l"); done < <(python3 -c '
+import re, sys
+name = None
+for line in open(sys.argv[1]):
+    m = re.match(r"^(device_read/\S+)", line)
+    if m: name = m.group(1)
+    t = re.search(r"thrpt:\s+\[\S+ \S+ (\S+ \S+) \S+ \S+\]", line)
+    if t and name: print(name, t.group(1)); name = None
+' "$LOGS/device_read.txt")
+  for mode in warm direct; do
+    flag=; [ $mode = direct ] && { flag=--direct; drop_caches; }
+    ./bin/gpuio bench --file "$F" --size 4G --to gpu $flag --bs 64K,1M,4M,16M --qd 1,4,16 \
+      --backend uring,gds --seconds 1 --plot "$LOGS/gpu-sweep-$mode.svg" > "$LOGS/gpu-sweep-$mode.txt" 2>&1
+    TABLE+=("sweep $mode: $(tail -1 "$LOGS/gpu-sweep-$mode.txt")")
+  done
+fi
+
 # KvikIO on the same file, warm then cold, where its wheels are installed.
 if python3 peers/kvikio_read.py "$F" 8 16 --reps 2 > "$LOGS/kvikio-warm.jsonl" 2> "$LOGS/kvikio.err"; then
   python3 peers/kvikio_read.py "$F" 8 16 --reps 2 --cold > "$LOGS/kvikio-cold.jsonl" 2>> "$LOGS/kvikio.err"

@@ -397,7 +397,10 @@ fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
         let waited = t0.elapsed();
         ticker.abort();
         assert!(done.is_complete(), "resolved before the stream finished");
-        assert!(waited >= Duration::from_millis(200), "waited only {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(200),
+            "waited only {waited:?}"
+        );
         let n = ticks.load(std::sync::atomic::Ordering::Relaxed);
         assert!(n >= 10, "the thread was blocked: {n} ticks in {waited:?}");
         assert_eq!(stream.clone_dtoh(&flag).unwrap(), vec![1]);
