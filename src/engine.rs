@@ -409,6 +409,11 @@ impl Engine {
         crate::cuda::start_sync(&self.inner.shared, stream)
     }
 
+    /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.
+    pub(crate) fn op_window(&self) -> usize {
+        crate::reactor::op_window(&self.inner.shared.arena)
+    }
+
     pub(crate) fn shared(&self) -> &Arc<EngineShared> {
         &self.inner.shared
     }

@@ -208,6 +208,42 @@ impl Error {
         Error::Shutdown { ctx: Box::new(ctx) }
     }
 
+    /// The same error for another party (one failed read shared by several batch items):
+    /// same variant, context and message; an OS error keeps its errno.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            Error::Io { ctx, source } => Error::Io {
+                ctx: ctx.clone(),
+                source: match source.raw_os_error() {
+                    Some(errno) => io::Error::from_raw_os_error(errno),
+                    None => io::Error::new(source.kind(), source.to_string()),
+                },
+            },
+            Error::InvalidInput { ctx, reason } => Error::InvalidInput {
+                ctx: ctx.clone(),
+                reason: reason.clone(),
+            },
+            Error::UnexpectedEof { ctx, wanted, got } => Error::UnexpectedEof {
+                ctx: ctx.clone(),
+                wanted: *wanted,
+                got: *got,
+            },
+            Error::Unsupported { ctx, reason } => Error::Unsupported {
+                ctx: ctx.clone(),
+                reason: reason.clone(),
+            },
+            Error::Shutdown { ctx } => Error::Shutdown { ctx: ctx.clone() },
+            Error::Cuda { ctx, reason } => Error::Cuda {
+                ctx: ctx.clone(),
+                reason: reason.clone(),
+            },
+            Error::ReactorDied { ctx, reason } => Error::ReactorDied {
+                ctx: ctx.clone(),
+                reason: reason.clone(),
+            },
+        }
+    }
+
     /// The context of this error.
     pub fn context(&self) -> &Context {
         match self {

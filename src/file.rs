@@ -360,7 +360,12 @@ impl File {
         }
     }
 
-    fn ctx(&self, op: OpKind, offset: u64) -> Context {
+    /// Whether `other` is a handle to the same open file (clones of one `File`).
+    pub fn same_file(&self, other: &File) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    pub(crate) fn ctx(&self, op: OpKind, offset: u64) -> Context {
         Context::op(op)
             .with_path(&self.inner.path)
             .with_offset(offset)

@@ -37,6 +37,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod buf;
 pub mod cuda;
 mod engine;
@@ -45,6 +46,8 @@ mod file;
 #[cfg(feature = "cuda")]
 pub mod gds;
 pub mod reactor;
+#[cfg(feature = "safetensors")]
+pub mod safetensors;
 pub mod uring;
 
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};

@@ -28,6 +28,10 @@ mod sys;
 pub use sys::CudaProbe;
 
 #[cfg(feature = "cuda")]
+mod batch;
+#[cfg(feature = "cuda")]
+pub(crate) use batch::read_batch_device;
+#[cfg(feature = "cuda")]
 pub(crate) mod copy;
 #[cfg(feature = "cuda")]
 mod device;

@@ -254,6 +254,12 @@ impl Drop for Gated {
     }
 }
 
+/// Most bounce bytes one op may hold (a quarter of the pool), so a leaked future, whose slots
+/// are never given back, cannot take the whole pool.
+pub(crate) fn op_window(arena: &BounceArena) -> usize {
+    (arena.block_size() * arena.blocks() / 4).max(arena.block_size())
+}
+
 /// How long shutdown waits for gated work (CUDA copies) before leaking it and exiting.
 const GATE_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the reactor looks at gates while any are closed.
@@ -440,7 +446,7 @@ impl Reactor {
         cfg: ReactorConfig,
     ) -> Self {
         let arena = engine.arena.clone();
-        let op_window = (arena.block_size() * arena.blocks() / 4).max(arena.block_size());
+        let op_window = op_window(&arena);
         Reactor {
             rx,
             doorbell: engine.doorbell.clone(),

@@ -1,0 +1,93 @@
+//! Batch reads into one device buffer: each run of the plan reads into its own disjoint range
+//! of the destination, all in flight at once.
+//!
+//! cudarc hands out one `&mut` view at a time, so the ranges are [`DeviceRange`]s: raw
+//! sub-ranges of the destination, valid while the batch holds the destination exclusively.
+//! cudarc's write event for the destination is recorded on its own stream (where every copy
+//! of the batch is queued) after each poll, so whenever the caller can act (between polls, or
+//! after dropping or leaking the future) the event stands behind every copy issued so far.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaStream, SyncOnDrop};
+
+use super::DeviceDst;
+use crate::batch::Run;
+use crate::buf::sealed::Sealed;
+use crate::buf::{ReadDst, ReadTarget};
+use crate::error::Result;
+
+/// `len` bytes of device memory at `ptr`, part of a destination a batch holds exclusively.
+pub(crate) struct DeviceRange {
+    ptr: CUdeviceptr,
+    len: usize,
+    stream: Arc<CudaStream>,
+}
+
+impl DeviceRange {
+    /// # Safety
+    /// `[ptr, ptr + len)` must lie inside device memory that stays allocated, and that nothing
+    /// but this range reads or writes, until every operation given the range has completed or
+    /// been dropped; `stream` must be the memory's own stream, and its write event must be
+    /// re-recorded after copies into the range are queued (see the module docs).
+    unsafe fn new(ptr: CUdeviceptr, len: usize, stream: Arc<CudaStream>) -> Self {
+        DeviceRange { ptr, len, stream }
+    }
+}
+
+impl Sealed for DeviceRange {}
+
+impl DeviceDst for DeviceRange {
+    fn byte_len(&self) -> usize {
+        self.len
+    }
+    fn own_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    fn write_ptr<'s>(&'s mut self, _stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+        // The batch records the destination's event itself (see the module docs).
+        (self.ptr, SyncOnDrop::Record(None))
+    }
+}
+
+impl ReadDst for DeviceRange {
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Device(self)
+    }
+}
+
+/// Runs `runs` (disjoint, in destination order, all inside `dst`) into `dst`.
+pub(crate) async fn read_batch_device(
+    runs: &[&Run],
+    dst: &mut dyn DeviceDst,
+) -> Vec<Result<usize>> {
+    let own = dst.own_stream().clone();
+    // Orders the copies after earlier uses of `dst` (cudarc makes `own` wait on its events).
+    let base = {
+        let (ptr, _record) = dst.write_ptr(&own);
+        ptr
+    };
+    let mut ranges: Vec<DeviceRange> = runs
+        .iter()
+        .map(|r| {
+            // SAFETY: the plan keeps runs disjoint and `read_into` checked they end inside
+            // `dst`, which this future borrows mutably until it is done or dropped; the
+            // range's stream is `dst`'s own; `poll_fn` below re-records the write event after
+            // every poll that may have queued copies.
+            unsafe { DeviceRange::new(base + r.dst_offset() as u64, r.len(), own.clone()) }
+        })
+        .collect();
+    let mut reads = std::pin::pin!(futures::future::join_all(
+        runs.iter()
+            .zip(ranges.iter_mut())
+            .map(|(r, range)| r.read(range))
+    ));
+    std::future::poll_fn(|cx| {
+        let polled = reads.as_mut().poll(cx);
+        // Record cudarc's write event for `dst` behind whatever the poll queued.
+        drop(dst.write_ptr(&own));
+        polled
+    })
+    .await
+}

@@ -1,0 +1,330 @@
+//! Loading `.safetensors` checkpoints: every tensor (or a chosen subset) into one allocation,
+//! host or device, with one batch read, and typed views of the tensors afterwards.
+//!
+//! The header is read through the engine and parsed with the `safetensors` crate. Selected
+//! tensors are packed in file order; each keeps its file offset's remainder modulo 256 in the
+//! buffer, so tensors that are neighbours in the file stay neighbours in the buffer (and merge
+//! into one read: a whole checkpoint is a single chunked read) and keep the alignment the file
+//! gave them.
+//!
+//! ```
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("model.safetensors");
+//! # let w: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+//! # let t = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 2], &w)?;
+//! # safetensors::serialize_to_file([("w", t)], None, &path)?;
+//! # let rt = tokio::runtime::Runtime::new()?;
+//! # rt.block_on(async {
+//! let engine = gpuio::Engine::new()?;
+//! let st = gpuio::safetensors::SafetensorsFile::open(&engine, &path).await?;
+//! let ckpt = st.load_host(|_name| true).await?;     // or load_device(&stream, ..)
+//! let w = ckpt.tensor("w").expect("tensor w");
+//! assert_eq!(w.shape, [2, 2]);
+//! assert_eq!(ckpt.bytes(w), &[1.0f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat()[..]);
+//! # Ok::<_, gpuio::Error>(()) })?;
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::Path;
+
+pub use safetensors::Dtype;
+
+use crate::batch::{BatchPlan, ReadDesc};
+use crate::buf::ReadDst;
+use crate::engine::Engine;
+use crate::error::{Error, OpKind, Result};
+use crate::file::File;
+
+/// The header may not be larger than this (the `safetensors` crate's own limit).
+const MAX_HEADER: u64 = 100_000_000;
+/// Tensors keep their file offset modulo this in the buffer.
+const PLACEMENT: u64 = 256;
+
+/// One tensor: its name, type, shape, and where its bytes are.
+#[derive(Debug, Clone)]
+pub struct Tensor {
+    /// Name in the checkpoint.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte offset in the file.
+    pub file_offset: u64,
+    /// Byte range in the loaded buffer (in a [`SafetensorsFile`]'s listing: the range inside
+    /// the file's data section).
+    pub range: Range<usize>,
+}
+
+impl Tensor {
+    /// Bytes of data.
+    pub fn byte_len(&self) -> usize {
+        self.range.len()
+    }
+}
+
+/// An open `.safetensors` file with its parsed header.
+#[derive(Debug)]
+pub struct SafetensorsFile {
+    file: File,
+    tensors: Vec<Tensor>,
+    metadata: HashMap<String, String>,
+}
+
+impl SafetensorsFile {
+    /// Opens `path` on `engine` and reads and checks its header: a clear
+    /// [`Error::InvalidInput`] for a header that does not parse, does not add up, or
+    /// describes more data than the file holds.
+    pub async fn open(engine: &Engine, path: impl AsRef<Path>) -> Result<Self> {
+        let file = engine.open(path)?;
+        let bad = |why: String| Error::invalid(file.ctx(OpKind::Read, 0), why);
+        let file_len = file.len()?;
+        let mut n = [0u8; 8];
+        if file_len < 8 {
+            return Err(bad(format!(
+                "{file_len} bytes is too short for a safetensors file"
+            )));
+        }
+        file.read_exact_at(&mut n, 0).await?;
+        let header_len = u64::from_le_bytes(n);
+        if header_len > MAX_HEADER || 8 + header_len > file_len {
+            return Err(bad(format!(
+                "header length {header_len} does not fit the file's {file_len} bytes (limit {MAX_HEADER})"
+            )));
+        }
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact_at(&mut header, 8).await?;
+        let meta: safetensors::tensor::Metadata =
+            serde_json::from_slice(&header).map_err(|e| bad(format!("safetensors header: {e}")))?;
+        let data_start = 8 + header_len;
+        let data_len = file_len - data_start;
+        let mut tensors = Vec::new();
+        for name in meta.offset_keys() {
+            let Some(info) = meta.info(&name) else {
+                continue;
+            };
+            let (s, e) = info.data_offsets;
+            if e as u64 > data_len {
+                return Err(bad(format!(
+                    "tensor {name:?} ends at data byte {e}, past the {data_len} bytes the file holds"
+                )));
+            }
+            tensors.push(Tensor {
+                name,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                file_offset: data_start + s as u64,
+                range: s..e,
+            });
+        }
+        Ok(SafetensorsFile {
+            file,
+            tensors,
+            metadata: meta.metadata().clone().unwrap_or_default(),
+        })
+    }
+
+    /// Every tensor, in file order.
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The header's `__metadata__` strings.
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.metadata
+    }
+
+    /// The file.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// The batch that loads the tensors `keep` selects, and where each lands.
+    pub fn plan(&self, mut keep: impl FnMut(&str) -> bool) -> (BatchPlan, Vec<Tensor>) {
+        let mut at = 0u64;
+        let mut placed = Vec::new();
+        let mut descs = Vec::new();
+        for t in self.tensors.iter().filter(|t| keep(&t.name)) {
+            // Same remainder modulo PLACEMENT as in the file: neighbours stay neighbours.
+            let dst = at + (t.file_offset + PLACEMENT - at % PLACEMENT) % PLACEMENT;
+            let dst = dst as usize;
+            descs.push(ReadDesc::new(&self.file, t.file_offset, t.byte_len(), dst));
+            placed.push(Tensor {
+                range: dst..dst + t.byte_len(),
+                ..t.clone()
+            });
+            at = (dst + t.byte_len()) as u64;
+        }
+        (BatchPlan::new(descs), placed)
+    }
+
+    /// Loads the selected tensors into one host buffer.
+    pub async fn load_host(&self, keep: impl FnMut(&str) -> bool) -> Result<Checkpoint<Vec<u8>>> {
+        let (plan, tensors) = self.plan(keep);
+        let mut buf = vec![0u8; plan.dst_len()];
+        Self::run(&plan, &mut buf).await?;
+        Ok(Checkpoint::new(buf, tensors))
+    }
+
+    /// Loads the selected tensors into one allocation on `stream`'s device. The copies are
+    /// queued on `stream`; kernels queued there afterwards (or anything cudarc orders after
+    /// the buffer's events) see the data.
+    #[cfg(feature = "cuda")]
+    pub async fn load_device(
+        &self,
+        stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+        keep: impl FnMut(&str) -> bool,
+    ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
+        let (plan, tensors) = self.plan(keep);
+        let ctx = || self.file.ctx(OpKind::Read, 0).with_backend("cuda");
+        let mut buf = stream
+            .alloc_zeros::<u8>(plan.dst_len().max(1))
+            .map_err(|e| Error::cuda(ctx(), e))?;
+        Self::run(&plan, &mut buf).await?;
+        Ok(Checkpoint::new(buf, tensors))
+    }
+
+    async fn run<D: ReadDst + ?Sized>(plan: &BatchPlan, dst: &mut D) -> Result<()> {
+        plan.read_into(dst).await.exact(plan.descs()).map(drop)
+    }
+}
+
+/// Tensors loaded into one buffer `B` (`Vec<u8>`, or `CudaSlice<u8>` on a GPU).
+#[derive(Debug)]
+pub struct Checkpoint<B> {
+    buffer: B,
+    tensors: Vec<Tensor>,
+    by_name: HashMap<String, usize>,
+}
+
+impl<B> Checkpoint<B> {
+    fn new(buffer: B, tensors: Vec<Tensor>) -> Self {
+        let by_name = tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Checkpoint {
+            buffer,
+            tensors,
+            by_name,
+        }
+    }
+
+    /// The loaded tensors, in file order; ranges index [`Checkpoint::buffer`].
+    pub fn tensors(&self) -> &[Tensor] {
+        &self.tensors
+    }
+
+    /// The tensor called `name`.
+    pub fn tensor(&self, name: &str) -> Option<&Tensor> {
+        self.by_name.get(name).map(|&i| &self.tensors[i])
+    }
+
+    /// The buffer holding every tensor.
+    pub fn buffer(&self) -> &B {
+        &self.buffer
+    }
+
+    /// Bytes of tensor data loaded.
+    pub fn byte_len(&self) -> u64 {
+        self.tensors.iter().map(|t| t.byte_len() as u64).sum()
+    }
+
+    /// The buffer, and the tensors' places in it.
+    pub fn into_parts(self) -> (B, Vec<Tensor>) {
+        (self.buffer, self.tensors)
+    }
+
+    fn typed<T>(&self, name: &str) -> Result<&Tensor> {
+        let t = self.tensor(name).ok_or_else(|| {
+            Error::invalid(
+                crate::error::Context::op(OpKind::Read),
+                format!("no tensor named {name:?} in the checkpoint"),
+            )
+        })?;
+        let size = std::mem::size_of::<T>();
+        let bad = |why: String| {
+            Error::invalid(
+                crate::error::Context::op(OpKind::Read),
+                format!("tensor {name:?}: {why}"),
+            )
+        };
+        if t.dtype.bitsize() != 8 * size {
+            return Err(bad(format!(
+                "{:?} elements are {} bits, the view's type {} bits",
+                t.dtype,
+                t.dtype.bitsize(),
+                8 * size
+            )));
+        }
+        if t.range.start % std::mem::align_of::<T>() != 0 {
+            return Err(bad(format!(
+                "its data starts at buffer byte {} (file byte {}), not aligned for a {}-byte type",
+                t.range.start,
+                t.file_offset,
+                std::mem::align_of::<T>()
+            )));
+        }
+        Ok(t)
+    }
+}
+
+impl Checkpoint<Vec<u8>> {
+    /// The tensor's bytes.
+    pub fn bytes(&self, t: &Tensor) -> &[u8] {
+        &self.buffer[t.range.clone()]
+    }
+
+    /// The tensor's elements, read from its little-endian bytes (`T` must have the dtype's
+    /// size; on big-endian machines this still decodes little-endian).
+    pub fn to_vec<T: FromLeBytes>(&self, name: &str) -> Result<Vec<T>> {
+        let t = self.typed::<T>(name)?;
+        Ok(self.buffer[t.range.clone()]
+            .chunks_exact(std::mem::size_of::<T>())
+            .map(T::from_le)
+            .collect())
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Checkpoint<cudarc::driver::CudaSlice<u8>> {
+    /// The tensor as a typed device view. `T` must have the dtype's element size (f16 and
+    /// bf16 tensors view as `u16`/`i16`), and the tensor must be aligned for `T`.
+    pub fn view<T: crate::cuda::Pod>(&self, name: &str) -> Result<cudarc::driver::CudaView<'_, T>> {
+        let t = self.typed::<T>(name)?;
+        let bytes = self.buffer.slice(t.range.clone());
+        let n = t.byte_len() / std::mem::size_of::<T>();
+        // SAFETY: `T: Pod` accepts every bit pattern; the view covers exactly the tensor's
+        // bytes, which start aligned for `T` (checked above; the allocation itself is aligned
+        // to 256 bytes and tensors keep their file offset modulo 256).
+        unsafe { bytes.transmute::<T>(n) }.ok_or_else(|| {
+            Error::invalid(
+                crate::error::Context::op(OpKind::Read),
+                format!("tensor {name:?} does not fit a view of {n} elements"),
+            )
+        })
+    }
+}
+
+/// Element types decoded from little-endian bytes ([`Checkpoint::to_vec`]).
+pub trait FromLeBytes: Sized {
+    /// Decodes one element from exactly `size_of::<Self>()` bytes.
+    fn from_le(b: &[u8]) -> Self;
+}
+
+macro_rules! from_le {
+    ($($t:ty),*) => {$(
+        impl FromLeBytes for $t {
+            fn from_le(b: &[u8]) -> Self {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(b);
+                <$t>::from_le_bytes(a)
+            }
+        }
+    )*};
+}
+from_le!(u8, i8, u16, i16, u32, i32, u64, i64, f32, f64);
