@@ -31,7 +31,7 @@ async fn batch_items_overlapping_adjacent_unaligned_out_of_range() {
             ReadDesc::new(&other, 1600, 10, 1500), // 3 adjacent, but another File: own read
             ReadDesc::new(&f, u64::MAX - 5, 10, 2000), // 4 file range overflows
             ReadDesc::new(&f, (1 << 20) - 300, 1000, 3000), // 5 past EOF: short
-            ReadDesc::new(&f, (2 << 20), 100, 5000), // 6 wholly past EOF: 0
+            ReadDesc::new(&f, 2 << 20, 100, 5000), // 6 wholly past EOF: 0
             ReadDesc::new(&f, 5, 0, 5100),      // 7 empty
             ReadDesc::new(&f, 0, 64, usize::MAX - 10), // 8 destination range overflows
             ReadDesc::new(&f, 77, 4000, 9000),  // 9 past the destination (8000 bytes)
@@ -260,14 +260,12 @@ async fn catalog_names_kinds_and_plans() {
     assert!(cat.plan(&["blob", "missing"]).is_err());
 }
 
+/// A tensor written to a test checkpoint: name, dtype, shape, bytes.
+type TestTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
 /// A safetensors file with several dtypes and shapes (scalar, empty, odd sizes), written with
 /// the `safetensors` crate itself; returns the path and each tensor's bytes.
-fn checkpoint(
-    dir: &std::path::Path,
-) -> (
-    std::path::PathBuf,
-    Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
-) {
+fn checkpoint(dir: &std::path::Path) -> (std::path::PathBuf, Vec<TestTensor>) {
     use safetensors::tensor::TensorView;
     let mut rng = fastrand::Rng::with_seed(99);
     let specs: Vec<(&str, Dtype, Vec<usize>)> = vec![
@@ -280,7 +278,7 @@ fn checkpoint(
         ("empty", Dtype::F32, vec![0, 3]),
         ("head.weight", Dtype::F64, vec![50, 33]),
     ];
-    let tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = specs
+    let tensors: Vec<TestTensor> = specs
         .into_iter()
         .map(|(n, dt, shape)| {
             let elems: usize = shape.iter().product();
