@@ -102,7 +102,7 @@ fi
 grep -E 'verdict|nvidia-fs|library' "$LOGS/check-after.txt" | while read -r l; do echo "check: $l"; done >> "$LOGS/verdicts.txt"
 export GPUIO_REQUIRE_GDS=1
 if grep -q 'nvidia-fs: loaded' "$LOGS/check-after.txt"; then export GPUIO_EXPECT_AUTO=gds; else export GPUIO_EXPECT_AUTO=compat; fi
-for t in tests/test-gds tests/test-device; do [ -x "$t" ] && run_test B "$t"; done
+for t in tests/test-gds tests/test-device tests/test-batch; do [ -x "$t" ] && run_test B "$t"; done
 unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
 
 # ---- benchmarks: bounce path (uring) vs cuFile (gds), same file, alternating, 3 rounds
@@ -138,6 +138,36 @@ for line in open(sys.argv[1]):
     ./bin/gpuio bench --file "$F" --size 4G --to gpu $flag --bs 64K,1M,4M,16M --qd 1,4,16 \
       --backend uring,gds --seconds 1 --plot "$LOGS/gpu-sweep-$mode.svg" > "$LOGS/gpu-sweep-$mode.txt" 2>&1
     TABLE+=("sweep $mode: $(tail -1 "$LOGS/gpu-sweep-$mode.txt")")
+  done
+fi
+
+# ---- checkpoints and batches: safetensors into GPU memory vs safetensors+torch, batched reads
+# CHECKPOINT_MIB sets the checkpoint's size (default 4096); BATCHES=0 skips this part.
+if [ "${BATCHES:-1}" = 1 ]; then
+  M="$GPUIO_TEST_DIR/model.safetensors"
+  [ -f "$M" ] || ./bin/load_safetensors --make "$M" "${CHECKPOINT_MIB:-4096}" > "$LOGS/st-make.txt" 2>&1
+  ./bin/load_safetensors "$M" > "$LOGS/st-verify.txt" 2>&1; TABLE+=("safetensors verified run: $(tail -1 "$LOGS/st-verify.txt")")
+  for mode in warm cold; do
+    for r in 1 2 3; do
+      [ $mode = cold ] && drop_caches
+      ./bin/load_safetensors "$M" --no-verify > "$LOGS/st-gpuio-$mode-$r.txt" 2>&1
+      TABLE+=("safetensors gpuio $mode #$r: $(tail -1 "$LOGS/st-gpuio-$mode-$r.txt" | sed -E 's/.* in ([0-9.]+ s) .*: /\1 /')")
+    done
+    flag=; [ $mode = cold ] && flag=--cold
+    if python3 peers/safetensors_torch.py "$M" --reps 3 $flag > "$LOGS/st-torch-$mode.jsonl" 2> "$LOGS/st-torch.err"; then
+      while read -r l; do TABLE+=("safetensors torch $mode: $l"); done < <(python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    j = json.loads(line); print("%.3f s %.2f GB/s" % (j["seconds"], j["gbps"]))' "$LOGS/st-torch-$mode.jsonl")
+    else
+      TABLE+=("safetensors torch $mode: not measured: $(tail -1 "$LOGS/st-torch.err")")
+    fi
+  done
+  for r in 1 2 3; do
+    bench "batch 64x4K qd8 to gpu warm #$r" --file "$F" --size 4G --bs 4K --qd 8 --pattern batch --batch 64 --to gpu --seconds 4
+    bench "rand 4K qd512 to gpu warm #$r" --file "$F" --size 4G --bs 4K --qd 512 --pattern rand --to gpu --seconds 4
+    bench "batch 64x4K qd8 O_DIRECT to gpu #$r" --file "$F" --size 4G --bs 4K --qd 8 --pattern batch --batch 64 --direct --to gpu --seconds 4
+    bench "rand 4K qd64 O_DIRECT to gpu #$r" --file "$F" --size 4G --bs 4K --qd 64 --pattern rand --direct --to gpu --seconds 4
   done
 fi
 

@@ -15,6 +15,27 @@ use crate::uring::Completion;
 /// Most entries one submission carries (cuFile's default `max_batch_io_size`).
 pub(crate) const BATCH_MAX: usize = 128;
 
+/// Most entries in cuFile at once. cuFile's `max_io_queue_depth` (cufile.json, 128 by default)
+/// bounds its queue; in compatibility mode, measured on the H200 machine, submissions past it
+/// never complete (160 outstanding 4 KiB reads hung, 128 ran). `GPUIO_CUFILE_MAX_INFLIGHT`
+/// overrides it for a cufile.json with a larger depth.
+const DEFAULT_MAX_INFLIGHT: usize = 128;
+
+/// A submission with no entry completing for this long is treated as lost (cancelled, its
+/// memory never reused, its ops failed or moved to the bounce path) instead of waited on.
+const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn max_inflight() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("GPUIO_CUFILE_MAX_INFLIGHT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(DEFAULT_MAX_INFLIGHT)
+    })
+}
+
 /// Completion result for an entry whose fate cuFile could not tell (its batch status query
 /// failed even after cancelling): the reactor must never reuse its memory.
 pub(crate) const RES_LOST: i32 = i32::MIN;
@@ -45,6 +66,8 @@ struct Submitted {
     tokens: Vec<u64>,
     done: Vec<bool>,
     left: usize,
+    /// When an entry last completed (or the submission went out).
+    progress: std::time::Instant,
 }
 
 /// The reactor's cuFile batch machinery.
@@ -105,6 +128,11 @@ impl BatchQueue {
     /// `out`) with the refusal's code.
     pub(crate) fn submit(&mut self, out: &mut Vec<Completion>) {
         while !self.queued.is_empty() {
+            let in_cufile: usize = self.busy.iter().map(|b| b.left).sum();
+            let room = max_inflight().saturating_sub(in_cufile);
+            if room == 0 {
+                return;
+            }
             let raw = match self.handle() {
                 Ok(Some(h)) => h,
                 Ok(None) => return,
@@ -122,7 +150,7 @@ impl BatchQueue {
                     return;
                 }
             };
-            let n = self.queued.len().min(BATCH_MAX);
+            let n = self.queued.len().min(BATCH_MAX).min(room);
             let batch: Vec<BatchEntry> = self.queued.drain(..n).collect();
             self.params.clear();
             // The cookie is the entry's index in its submission, so reaping finds it at once.
@@ -150,6 +178,7 @@ impl BatchQueue {
                     tokens: batch.iter().map(|e| e.token).collect(),
                     done: vec![false; n],
                     left: n,
+                    progress: std::time::Instant::now(),
                 }),
                 Err(code) => {
                     self.idle.push(raw);
@@ -185,8 +214,15 @@ impl BatchQueue {
                     &mut zero,
                 )
             };
-            if let Err(code) = check(rc) {
-                tracing::error!(%code, "cuFileBatchIOGetStatus failed; cancelling the batch");
+            let stalled = check(rc).is_ok() && nr == 0 && b.progress.elapsed() > STALL_LIMIT;
+            if let Err(code) = check(rc).map_err(|c| c.to_string()).and_then(|()| {
+                if stalled {
+                    Err(format!("no entry completed in {STALL_LIMIT:?}"))
+                } else {
+                    Ok(())
+                }
+            }) {
+                tracing::error!(%code, "cuFile batch failed or stalled; cancelling it");
                 // SAFETY: `raw` is a live batch handle.
                 let _ = unsafe { (self.cf.lib.cuFileBatchIOCancel)(b.raw) };
                 for (k, t) in b.tokens.iter().enumerate() {
@@ -228,6 +264,7 @@ impl BatchQueue {
                 }
                 b.done[k] = true;
                 b.left -= 1;
+                b.progress = std::time::Instant::now();
                 out.push(Completion { token, res });
             }
             if b.left == 0 {
