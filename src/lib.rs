@@ -33,6 +33,13 @@
 //! - **Honest errors.** One [`Error`] type naming operation, path, offset and backend; reads past
 //!   end of file return the short count; invalid input is an error, never a panic or a hang.
 //! - **No GPU needed.** CUDA is probed at run time ([`cuda::probe`]); host paths work anywhere.
+//!
+//! ## Where to look
+//! - [`File::read_into`] / [`File::write_from`]: one range, host or device memory.
+//! - [`batch`]: many ranges as one operation, prepared plans, named extents ([`batch::Catalog`]).
+//! - `safetensors` (feature `safetensors`): checkpoints into one host or device allocation.
+//! - [`gds`]: cuFile (GPUDirect Storage), used per file where it serves; [`Engine::synchronize`]
+//!   (feature `cuda`) awaits a CUDA stream without parking a thread.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
