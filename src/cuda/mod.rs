@@ -2,7 +2,7 @@
 //!
 //! gpuio builds and its host paths run on machines without a GPU or CUDA libraries. cudarc's
 //! loader panics when a library is missing, so nothing here touches cudarc before
-//! [`probe`] has found the driver: [`context`] returns [`Error::Unsupported`] instead.
+//! [`probe`] has found the driver: [`context`] returns [`Error::Unsupported`](crate::Error::Unsupported) instead.
 //!
 //! # Device destinations: the soundness argument
 //! A read into device memory lands in reactor-owned bounce slots first (pinned with
@@ -60,7 +60,7 @@ fn cached_probe() -> &'static CudaProbe {
     PROBE.get_or_init(sys::probe)
 }
 
-/// The CUDA context of device `ordinal`, or [`Error::Unsupported`] (never a panic) where no
+/// The CUDA context of device `ordinal`, or [`Error::Unsupported`](crate::Error::Unsupported) (never a panic) where no
 /// usable driver or device exists.
 #[cfg(feature = "cuda")]
 pub fn context(ordinal: usize) -> crate::Result<std::sync::Arc<cudarc::driver::CudaContext>> {

@@ -3,7 +3,7 @@
 //!
 //! # Life of a read
 //! A future sends `Msg::Submit` through an MPSC queue and rings the eventfd doorbell if the
-//! reactor sleeps. The reactor plans the request into chunk pieces ([`crate::uring::plan`]),
+//! reactor sleeps. The reactor plans the request into chunk pieces (`uring::plan`),
 //! gives each piece a bounce slot and submits it, up to the queue depth. When a piece
 //! completes, the slot is handed to the future (`OpShared::push_ready`) and its waker woken;
 //! the future's `poll` copies the bytes into the caller's buffer and sends the slot back

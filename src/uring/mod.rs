@@ -1,5 +1,5 @@
 //! The kernel I/O paths: io_uring (preferred) and a pread/pwrite thread pool (fallback), behind
-//! one [`Driver`] the reactor submits chunk I/O to; request planning and O_DIRECT alignment.
+//! one `Driver` the reactor submits chunk I/O to; request planning and O_DIRECT alignment.
 
 pub mod align;
 pub(crate) mod plan;
