@@ -285,7 +285,12 @@ async fn measure(
         .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)));
     let pieces_per_req = bs.div_ceil(chunk).max(1) as usize;
     // Blocks in flight: a batch counts as its blocks.
-    let blocks = qd * if a.pattern == Pattern::Batch { a.batch } else { 1 };
+    let blocks = qd
+        * if a.pattern == Pattern::Batch {
+            a.batch
+        } else {
+            1
+        };
     let qd_engine = (blocks * pieces_per_req).clamp(1, 4096);
     // Room for every request in flight plus as much again awaiting copy-out.
     let pool = (2 * blocks as u64 * bs.max(4096)).max(128 << 20);
