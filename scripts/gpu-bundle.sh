@@ -14,33 +14,26 @@ rm -rf "$OUT"
 mkdir -p "$OUT/tests" "$OUT/bin"
 
 cargo build --release --bins --examples
-cargo test --release --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
+# Prints "kind-name<TAB>executable" for each compiled test (or bench) target cargo reports.
+executables() { # cargo args...
+  cargo "$@" --message-format=json 2>/dev/null | python3 -c '
 import json, sys
 for line in sys.stdin:
     try:
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
         print(m["target"]["kind"][0] + "-" + m["target"]["name"] + "\t" + m["executable"])
-' | while IFS=$'\t' read -r name exe; do
-    cp "$exe" "$OUT/tests/$name"
-  done
+'
+}
+executables test --release --no-run | while IFS=$'\t' read -r name exe; do
+  cp "$exe" "$OUT/tests/$name"
+done
 # The criterion benches that measure device memory (they skip, saying why, without a GPU).
-cargo bench --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m["target"]["kind"] == ["bench"] and m.get("executable"):
-        print(m["target"]["name"] + "\t" + m["executable"])
-' | while IFS=$'\t' read -r name exe; do
-    case "$name" in device_*) cp "$exe" "$OUT/bin/$name" ;; esac
-  done
+executables bench --no-run | while IFS=$'\t' read -r name exe; do
+  case "$name" in bench-device_*) cp "$exe" "$OUT/bin/${name#bench-}" ;; esac
+done
 cp target/release/gpuio "$OUT/bin/"
 for ex in target/release/examples/*; do
   [ -f "$ex" ] && [ -x "$ex" ] && case "$ex" in *-*|*.d) ;; *) cp "$ex" "$OUT/bin/" ;; esac

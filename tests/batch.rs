@@ -8,7 +8,7 @@ use std::sync::Arc;
 use common::*;
 use gpuio::batch::{BatchPlan, Catalog, Extent, ReadDesc, RecordKind};
 use gpuio::safetensors::{Dtype, SafetensorsFile};
-use gpuio::{Engine, Error, OpenOptions};
+use gpuio::{Engine, Error};
 
 /// What a descriptor should give, from the file's bytes: `Ok(bytes)` or `Err(())`.
 fn expected(data: &[u8], d: &ReadDesc) -> Vec<u8> {
@@ -72,15 +72,7 @@ async fn random_batches_match_pread_buffered_and_direct() {
     let (path, data) = test_file(dir.path(), "r.bin", (3 << 20) + 333, 11);
     let mut rng = fastrand::Rng::with_seed(5);
     for (name, engine) in engines() {
-        for direct in [false, true] {
-            if direct && !direct_ok(&engine, &path) {
-                continue;
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .direct(direct)
-                .open(&engine, &path)
-                .unwrap();
+        for (direct, f) in buffered_and_direct(&engine, &path) {
             for round in 0..10 {
                 // Random lengths, packed in a random order with random gaps.
                 let n = rng.usize(1..200);

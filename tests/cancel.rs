@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use gpuio::{Engine, OpenOptions};
+use gpuio::Engine;
 
 const LEN: usize = 16 << 20;
 
@@ -50,15 +50,7 @@ async fn dropped_read_never_writes_destination_again() {
     let dir = tmpdir();
     let (path, _) = test_file(dir.path(), "d", LEN, 1);
     for (name, engine) in engines_for_cancel() {
-        for direct in [false, true] {
-            if direct && !direct_ok(&engine, &path) {
-                continue;
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .direct(direct)
-                .open(&engine, &path)
-                .unwrap();
+        for (direct, f) in buffered_and_direct(&engine, &path) {
             for wait_us in [0u64, 200, 2000] {
                 let mut c = Canaried::new(LEN, 8192);
                 {

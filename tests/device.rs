@@ -60,15 +60,7 @@ async fn device_random_ranges_match_pread() {
     const LEN: usize = (1 << 30) + 12_345;
     let (path, _) = test_file(dir.path(), "big", LEN, 11);
     let engine = Engine::new().unwrap();
-    for direct in [false, true] {
-        if direct && !direct_ok(&engine, &path) {
-            continue;
-        }
-        let f = OpenOptions::new()
-            .read(true)
-            .direct(direct)
-            .open(&engine, &path)
-            .unwrap();
+    for (direct, f) in buffered_and_direct(&engine, &path) {
         let mut rng = fastrand::Rng::with_seed(5);
         let mut cases: Vec<(u64, usize)> = vec![
             (0, 1),

@@ -12,17 +12,11 @@ import os
 import sys
 import time
 
+import peer_args
+
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    cold = "--cold" in sys.argv
-    reps = 3
-    if "--reps" in sys.argv:
-        reps = int(sys.argv[sys.argv.index("--reps") + 1])
-        args = [a for a in args if a != str(reps)]
-    if not args:
-        print(__doc__, file=sys.stderr)
-        return 2
+    args, cold, reps = peer_args.parse(__doc__)
     path, threads = args[0], [int(t) for t in args[1:]] or [1, 4, 8, 16]
     try:
         import cupy

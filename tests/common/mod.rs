@@ -80,6 +80,21 @@ pub fn direct_ok(engine: &Engine, path: &Path) -> bool {
     }
 }
 
+/// `path` opened buffered and, where this filesystem allows it, with O_DIRECT (said loudly
+/// when not): `(direct, file)` pairs.
+pub fn buffered_and_direct(engine: &Engine, path: &Path) -> Vec<(bool, gpuio::File)> {
+    let mut v = vec![(false, engine.open(path).unwrap())];
+    if direct_ok(engine, path) {
+        let f = gpuio::OpenOptions::new()
+            .read(true)
+            .direct(true)
+            .open(engine, path)
+            .unwrap();
+        v.push((true, f));
+    }
+    v
+}
+
 /// A buffer with canary zones on both sides of the part handed out.
 pub struct Canaried {
     pub buf: Vec<u8>,

@@ -32,15 +32,21 @@ impl FromStr for ByteSize {
     }
 }
 
-/// `1.50 GiB`-style text.
-pub fn fmt_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+/// `n` in the largest binary unit (index into a 5-unit table, bytes to TiB) that keeps it >= 1.
+fn scaled(n: u64) -> (f64, usize) {
     let mut v = n as f64;
     let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
+    while v >= 1024.0 && u < 4 {
         v /= 1024.0;
         u += 1;
     }
+    (v, u)
+}
+
+/// `1.50 GiB`-style text.
+pub fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let (v, u) = scaled(n);
     if u == 0 {
         format!("{n} B")
     } else {
@@ -51,12 +57,7 @@ pub fn fmt_bytes(n: u64) -> String {
 /// `4K`, `1M`, `1.5M`: the short form axis labels and tables use (binary multiples).
 pub fn short_size(n: u64) -> String {
     const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
-        u += 1;
-    }
+    let (v, u) = scaled(n);
     if v.fract() == 0.0 {
         format!("{v}{}", UNITS[u])
     } else {
