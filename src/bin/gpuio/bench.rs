@@ -126,6 +126,13 @@ pub struct BenchArgs {
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     json: bool,
+    /// Run fio (io_uring engine) on the same file with the same settings, alternating with
+    /// gpuio, and print the ratios.
+    #[arg(long)]
+    compare: bool,
+    /// Rounds per point (alternating with fio under --compare); medians are reported.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Write an SVG plot of throughput against block size and queue depth, one panel per
     /// backend.
     #[arg(long, value_name = "FILE.svg")]
@@ -158,6 +165,17 @@ pub struct Measurement {
     pub lat_p50_us: u32,
     /// 99th percentile request latency.
     pub lat_p99_us: u32,
+    /// fio on the same file and settings (medians), under --compare.
+    pub fio: Option<PeerResult>,
+}
+
+/// A peer's throughput at one point.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerResult {
+    /// Bytes per second / 1e9.
+    pub gbps: f64,
+    /// Requests per second.
+    pub iops: f64,
 }
 
 struct TaskStats {
@@ -218,12 +236,53 @@ pub async fn run(a: BenchArgs) -> CliResult {
         return Err(format!("file span {span} is smaller than --bs {max_bs}").into());
     }
 
+    let rounds = a.rounds.max(1);
+    let fio_ok = a.compare && fio_available();
+    if a.compare && !fio_ok {
+        eprintln!("--compare: fio is not installed (apt-get install fio); measuring gpuio alone");
+    }
     let mut results = Vec::new();
     for &backend in &a.backend {
         for bs in a.bs.iter().map(|b| b.0) {
             for &qd in &a.qd {
                 let point = Point { backend, bs, qd };
-                let m = measure(&a, point, &path, span, cuda.as_ref()).await?;
+                let mut ours = Vec::with_capacity(rounds);
+                let mut peer = Vec::with_capacity(rounds);
+                for _ in 0..rounds {
+                    ours.push(measure(&a, point, &path, span, cuda.as_ref()).await?);
+                    if fio_ok {
+                        peer.push(fio(&a, point, &path, span).await?);
+                    }
+                }
+                // The median round by throughput stands for the point.
+                ours.sort_by(|x, y| x.result.gbps.total_cmp(&y.result.gbps));
+                let mut m = ours.swap_remove(ours.len() / 2);
+                if !peer.is_empty() {
+                    let med = |f: fn(&PeerResult) -> f64| {
+                        let mut v: Vec<f64> = peer.iter().map(f).collect();
+                        v.sort_by(f64::total_cmp);
+                        v[v.len() / 2]
+                    };
+                    let fio = PeerResult {
+                        gbps: med(|p| p.gbps),
+                        iops: med(|p| p.iops),
+                    };
+                    println!(
+                        "  vs fio (medians of {rounds}): gpuio {:.3} GB/s {:.0} IOPS, fio {:.3} GB/s \
+                         {:.0} IOPS: gpuio/fio {:.2} (GB/s), {:.2} (IOPS)",
+                        m.result.gbps,
+                        m.result.iops,
+                        fio.gbps,
+                        fio.iops,
+                        m.result.gbps / fio.gbps,
+                        m.result.iops / fio.iops
+                    );
+                    m.json["fio_gbps"] = fio.gbps.into();
+                    m.json["fio_iops"] = fio.iops.into();
+                    m.json["ratio_gbps"] = (m.result.gbps / fio.gbps).into();
+                    m.json["ratio_iops"] = (m.result.iops / fio.iops).into();
+                    m.result.fio = Some(fio);
+                }
                 if a.json {
                     println!("{}", m.json);
                 }
@@ -231,14 +290,31 @@ pub async fn run(a: BenchArgs) -> CliResult {
             }
         }
     }
-    if results.len() > 1 {
+    if results.len() > 1 || results.iter().any(|m| m.fio.is_some()) {
         println!(
-            "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  served by",
-            "backend", "bs", "qd", "GB/s", "IOPS", "p50 us", "p99 us"
+            "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  {:>9} {:>10} {:>7}  served by",
+            "backend",
+            "bs",
+            "qd",
+            "GB/s",
+            "IOPS",
+            "p50 us",
+            "p99 us",
+            "fio GB/s",
+            "fio IOPS",
+            "ratio"
         );
         for m in &results {
+            let (fg, fi, ratio) = match m.fio {
+                Some(f) => (
+                    format!("{:.3}", f.gbps),
+                    format!("{:.0}", f.iops),
+                    format!("{:.2}", m.gbps / f.gbps),
+                ),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
             println!(
-                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {}",
+                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}",
                 m.point.backend.to_string(),
                 short_size(m.point.bs),
                 m.point.qd,
@@ -502,8 +578,73 @@ async fn measure(
             iops,
             lat_p50_us: pct(0.5),
             lat_p99_us: pct(0.99),
+            fio: None,
         },
         json,
+    })
+}
+
+fn fio_available() -> bool {
+    std::process::Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// fio with the point's settings on the same file: io_uring engine, one job, `qd` deep (a
+/// batch counts as its blocks), for `--seconds`. Reads go to host memory (fio has no GPU
+/// target): for device points it stands for the storage side's ceiling.
+async fn fio(
+    a: &BenchArgs,
+    point: Point,
+    path: &std::path::Path,
+    span: u64,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let rw = match (a.rw, a.pattern) {
+        (Rw::Read, Pattern::Seq) => "read",
+        (Rw::Read, _) => "randread",
+        (Rw::Write, Pattern::Seq) => "write",
+        (Rw::Write, _) => "randwrite",
+    };
+    let depth = point.qd
+        * if a.pattern == Pattern::Batch {
+            a.batch
+        } else {
+            1
+        };
+    let args = vec![
+        "--name=gpuio-peer".to_string(),
+        format!("--filename={}", path.display()),
+        format!("--size={span}"),
+        format!("--rw={rw}"),
+        format!("--bs={}", point.bs),
+        format!("--iodepth={depth}"),
+        "--ioengine=io_uring".to_string(),
+        format!("--direct={}", u8::from(a.direct)),
+        "--time_based".to_string(),
+        format!("--runtime={}", a.seconds.ceil().max(1.0) as u64),
+        "--output-format=json".to_string(),
+    ];
+    let out =
+        tokio::task::spawn_blocking(move || std::process::Command::new("fio").args(&args).output())
+            .await??;
+    if !out.status.success() {
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("fio's JSON output: {e}"))?;
+    let dir = if a.rw == Rw::Read { "read" } else { "write" };
+    let job = &v["jobs"][0][dir];
+    let (Some(bw), Some(iops)) = (job["bw_bytes"].as_f64(), job["iops"].as_f64()) else {
+        return Err("fio's JSON output has no bw_bytes/iops".into());
+    };
+    Ok(PeerResult {
+        gbps: bw / 1e9,
+        iops,
     })
 }
 
