@@ -150,9 +150,6 @@ pub(crate) enum Msg {
 }
 
 impl Msg {
-    /// Whether the reactor must be woken for this message. Slot returns and cancellations
-    /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
-    /// gated message is as urgent as the message behind its gate.
     /// Completes, with `why`, an op the reactor does not track in its table (stream work
     /// whose only record is this message), so its future cannot wait forever once the message
     /// is dropped or leaked. Ops in the table are failed by the reactor itself.
@@ -178,6 +175,9 @@ impl Msg {
         let _ = (self, why);
     }
 
+    /// Whether the reactor must be woken for this message. Slot returns and cancellations
+    /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
+    /// gated message is as urgent as the message behind its gate.
     fn is_urgent(&self) -> bool {
         match self {
             Msg::Release(..) | Msg::Cancel(..) => false,
