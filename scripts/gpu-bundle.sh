@@ -164,6 +164,20 @@ for line in open(sys.argv[1]):
   done
 fi
 
+# ---- soak into GPU memory (all backends incl. AUTO -> cuFile for O_DIRECT), then the same
+# under compute-sanitizer where the toolkit has it. SOAK_MINUTES (default 2); 0 skips.
+if [ "${SOAK_MINUTES:-2}" != 0 ]; then
+  ./bin/gpuio soak --to gpu --minutes "${SOAK_MINUTES:-2}" --size 256M --dir "$GPUIO_TEST_DIR" > "$LOGS/soak-gpu.txt" 2>&1
+  TABLE+=("soak to gpu ${SOAK_MINUTES:-2} min: $(tail -2 "$LOGS/soak-gpu.txt" | head -1) [$(tail -1 "$LOGS/soak-gpu.txt")]")
+  CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ -n "$CS" ]; then
+    timeout 240 "$CS" --tool memcheck --leak-check no ./bin/gpuio soak --to gpu --minutes 0.5 --size 64M --tasks 8 --dir "$GPUIO_TEST_DIR" > "$LOGS/soak-memcheck.txt" 2>&1
+    TABLE+=("soak under compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|soak passed|soak failed' "$LOGS/soak-memcheck.txt" | tr '\n' ' ')")
+  else
+    TABLE+=("compute-sanitizer: not on this machine")
+  fi
+fi
+
 # KvikIO on the same file, warm then cold, where its wheels are installed.
 if python3 peers/kvikio_read.py "$F" 8 16 --reps 2 > "$LOGS/kvikio-warm.jsonl" 2> "$LOGS/kvikio.err"; then
   python3 peers/kvikio_read.py "$F" 8 16 --reps 2 --cold > "$LOGS/kvikio-cold.jsonl" 2>> "$LOGS/kvikio.err"

@@ -22,7 +22,8 @@ pub(crate) const BATCH_MAX: usize = 128;
 const DEFAULT_MAX_INFLIGHT: usize = 128;
 
 /// A submission with no entry completing for this long is treated as lost (cancelled, its
-/// memory never reused, its ops failed) instead of waited on.
+/// memory never reused; its ops fail, or under AUTO are read again through the bounce path)
+/// instead of waited on.
 const STALL_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn max_inflight() -> usize {

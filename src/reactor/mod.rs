@@ -804,6 +804,12 @@ impl Reactor {
                     self.ops[key].cancelled = true;
                     self.reclaim(key);
                     self.maybe_finish(key);
+                } else {
+                    // The op had already finished, but its future was dropped before taking
+                    // the last pieces handed to it: their slots belong to nobody now.
+                    for p in shared.reclaim_ready() {
+                        self.free_slot(p.slot);
+                    }
                 }
             }
             Msg::Gated(g) => self.gated.push(g),
@@ -1255,11 +1261,21 @@ impl Reactor {
             // cuFile cannot say whether the DMA still runs: never reuse that memory.
             self.compromised = true;
             op.held_bytes -= slot.size();
-            if op.error.is_none() {
-                op.error = Some(Error::cuda_msg(
-                    op.ctx(pos),
-                    "cuFile lost track of a batch I/O (status query failed)",
-                ));
+            let why = "cuFile lost track of a batch I/O (status query failed or stalled)";
+            let fg = op.file.gds().expect("cuFile ops have a registered file");
+            if !fg.forced() && !op.stopped() {
+                // AUTO: the piece is read again through the bounce path (a new slot; the lost
+                // one is never reused), and the file stays there.
+                fg.fall_back(&op.file.path, why.to_string());
+                op.gds = false;
+                op.backend = self.backend;
+                op.retry.push(io.piece);
+                if !op.in_runnable && !op.window_blocked {
+                    op.in_runnable = true;
+                    self.runnable.push_back(key);
+                }
+            } else if op.error.is_none() {
+                op.error = Some(Error::cuda_msg(op.ctx(pos), why));
             }
             self.maybe_finish(key);
             return;

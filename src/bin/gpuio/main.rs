@@ -5,6 +5,7 @@ mod bench;
 mod check;
 mod plot;
 mod size;
+mod soak;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -69,6 +70,8 @@ enum Cmd {
     },
     /// Measure read or write throughput, fio-style.
     Bench(bench::BenchArgs),
+    /// Mixed reads and writes checked against a model of the file, on every backend.
+    Soak(soak::SoakArgs),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
                 backend,
             } => read(path, direct, to, backend).await,
             Cmd::Bench(args) => bench::run(args).await,
+            Cmd::Soak(args) => soak::run(args).await,
         }
     });
     match r {
