@@ -57,6 +57,9 @@ struct Model {
     region_len: usize,
 }
 
+/// What one task is doing and since when.
+type TaskState = std::sync::Mutex<Option<(String, Instant)>>;
+
 #[derive(Default)]
 struct Counters {
     reads: AtomicU64,
@@ -142,7 +145,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
     }
     let handles = Arc::new(handles);
     // What each task is doing, so a stuck operation can be named.
-    let doing: Arc<Vec<std::sync::Mutex<Option<(String, Instant)>>>> =
+    let doing: Arc<Vec<TaskState>> =
         Arc::new((0..a.tasks).map(|_| std::sync::Mutex::new(None)).collect());
     let counters = Arc::new(Counters::default());
     let deadline = Instant::now() + Duration::from_secs_f64(a.minutes * 60.0);
