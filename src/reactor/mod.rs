@@ -1257,36 +1257,30 @@ impl Reactor {
         let pos = io.piece.pos + io.done as u64;
         let op = &mut self.ops[key];
         op.busy -= 1;
-        if res == RES_LOST {
+        let lost = res == RES_LOST;
+        let (why, fallback) = if lost {
             // cuFile cannot say whether the DMA still runs: never reuse that memory.
             self.compromised = true;
             op.held_bytes -= slot.size();
-            let why = "cuFile lost track of a batch I/O (status query failed or stalled)";
-            let fg = op.file.gds().expect("cuFile ops have a registered file");
-            if !fg.forced() && !op.stopped() {
-                // AUTO: the piece is read again through the bounce path (a new slot; the lost
-                // one is never reused), and the file stays there.
-                fg.fall_back(&op.file.path, why.to_string());
-                op.gds = false;
-                op.backend = self.backend;
-                op.retry.push(io.piece);
-                if !op.in_runnable && !op.window_blocked {
-                    op.in_runnable = true;
-                    self.runnable.push_back(key);
-                }
-            } else if op.error.is_none() {
-                op.error = Some(Error::cuda_msg(op.ctx(pos), why));
-            }
-            self.maybe_finish(key);
-            return;
-        }
-        let code = CufileCode {
-            err: cufile_code_of(res).unwrap_or(5030),
-            cu_err: 0,
+            (
+                "cuFile lost track of a batch I/O (status query failed or stalled)".to_string(),
+                true,
+            )
+        } else {
+            let code = CufileCode {
+                err: cufile_code_of(res).unwrap_or(5030),
+                cu_err: 0,
+            };
+            (
+                format!("cuFile batch I/O failed: {code}"),
+                code.calls_for_fallback(),
+            )
         };
         let fg = op.file.gds().expect("cuFile ops have a registered file");
-        if !fg.forced() && code.calls_for_fallback() && !op.stopped() {
-            fg.fall_back(&op.file.path, format!("cuFile batch I/O failed: {code}"));
+        if !fg.forced() && fallback && !op.stopped() {
+            // AUTO: the piece is read again through the bounce path (a new slot), and the file
+            // stays there from now on.
+            fg.fall_back(&op.file.path, why);
             op.gds = false;
             op.backend = self.backend;
             op.retry.push(io.piece);
@@ -1295,12 +1289,11 @@ impl Reactor {
                 self.runnable.push_back(key);
             }
         } else if op.error.is_none() {
-            op.error = Some(Error::cuda_msg(
-                op.ctx(pos),
-                format!("cuFile batch I/O failed: {code}"),
-            ));
+            op.error = Some(Error::cuda_msg(op.ctx(pos), why));
         }
-        self.free_op_slot(key, slot);
+        if !lost {
+            self.free_op_slot(key, slot);
+        }
         self.maybe_finish(key);
     }
 
