@@ -125,18 +125,7 @@ async fn device_write_then_read_back() {
     let stream = ctx.default_stream();
     let dir = tmpdir();
     let engine = Engine::new().unwrap();
-    for direct in [false, true] {
-        let path = dir.path().join(format!("w-{direct}"));
-        std::fs::write(&path, b"").unwrap();
-        if direct && !direct_ok(&engine, &path) {
-            continue;
-        }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .direct(direct)
-            .open(&engine, &path)
-            .unwrap();
+    for (direct, path, f) in fresh_rw_files(&engine, dir.path(), "w") {
         let src = pattern(37 << 20, 3);
         let d = stream.clone_htod(&src).unwrap();
         assert_eq!(f.write_from(&d, 777).await.unwrap(), src.len());

@@ -3,24 +3,12 @@
 mod common;
 
 use common::*;
-use gpuio::OpenOptions;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_writes_match_a_model() {
     let dir = tmpdir();
     for (name, engine) in engines() {
-        for direct in [false, true] {
-            let path = dir.path().join(format!("w-{name}-{direct}"));
-            std::fs::write(&path, b"").unwrap();
-            if direct && !direct_ok(&engine, &path) {
-                continue;
-            }
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .direct(direct)
-                .open(&engine, &path)
-                .unwrap();
+        for (direct, path, f) in fresh_rw_files(&engine, dir.path(), &format!("w-{name}")) {
             let mut model: Vec<u8> = Vec::new();
             let mut rng = fastrand::Rng::with_seed(9);
             for i in 0..120u64 {

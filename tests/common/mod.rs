@@ -95,6 +95,31 @@ pub fn buffered_and_direct(engine: &Engine, path: &Path) -> Vec<(bool, gpuio::Fi
     v
 }
 
+/// A fresh empty file per open mode, opened for reading and writing: buffered, and with
+/// O_DIRECT where this filesystem allows it (said loudly when not): `(direct, path, file)`.
+pub fn fresh_rw_files(
+    engine: &Engine,
+    dir: &Path,
+    stem: &str,
+) -> Vec<(bool, PathBuf, gpuio::File)> {
+    let mut v = Vec::new();
+    for direct in [false, true] {
+        let path = dir.join(format!("{stem}-{direct}"));
+        std::fs::write(&path, b"").unwrap();
+        if direct && !direct_ok(engine, &path) {
+            continue;
+        }
+        let f = gpuio::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .direct(direct)
+            .open(engine, &path)
+            .unwrap();
+        v.push((direct, path, f));
+    }
+    v
+}
+
 /// A buffer with canary zones on both sides of the part handed out.
 pub struct Canaried {
     pub buf: Vec<u8>,
