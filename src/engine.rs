@@ -86,6 +86,7 @@ pub struct EngineBuilder {
     backend: Backend,
     pread_threads: Option<usize>,
     punt_min: Option<usize>,
+    spdk_memory: bool,
 }
 
 impl Default for EngineBuilder {
@@ -97,6 +98,7 @@ impl Default for EngineBuilder {
             backend: Backend::Auto,
             pread_threads: None,
             punt_min: Some(64 << 10),
+            spdk_memory: false,
         }
     }
 }
@@ -118,6 +120,15 @@ impl EngineBuilder {
     /// Small requests take 4 KiB-granular pieces of a block, so this bounds bytes, not ops.
     pub fn bounce_slots(mut self, n: usize) -> Self {
         self.bounce_slots = n;
+        self
+    }
+
+    /// Allocates the bounce pool from SPDK's DMA heap (hugepages), which local PCIe NVMe
+    /// drives opened with [`Engine::open_nvme`] need and NVMe/TCP can use. Starts SPDK's
+    /// environment when the engine is built; fails with `Unsupported` where SPDK is missing.
+    /// Default off: an anonymous mapping.
+    pub fn spdk_memory(mut self, on: bool) -> Self {
+        self.spdk_memory = on;
         self
     }
 
@@ -173,10 +184,13 @@ impl EngineBuilder {
             ));
         }
         let block = self.chunk_size.next_power_of_two();
-        let arena = Arc::new(
+        let arena = Arc::new(if self.spdk_memory {
+            BounceArena::new_dma(block, self.bounce_slots)
+                .map_err(|why| Error::unsupported(ctx().with_backend("spdk"), why))?
+        } else {
             BounceArena::new(block, self.bounce_slots)
-                .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?,
-        );
+                .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?
+        });
         let doorbell =
             Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
         let (tx, rx) = channel::<Msg>();
@@ -362,6 +376,24 @@ impl Engine {
     /// Whether the reactor has stopped (after shutdown, or because it died).
     pub fn is_shut_down(&self) -> bool {
         self.inner.shared.dead.load(Ordering::SeqCst)
+    }
+
+    /// Opens NVMe namespace `trid` through SPDK as a [`File`]: an SPDK transport ID such as
+    /// `trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1`
+    /// or `trtype:PCIe traddr:0000:04:00.0`, optionally with `ns:N` (default: the first active
+    /// namespace). Reads and writes take any byte offset and length; reads past the end of the
+    /// namespace are short, writes past it are refused. Blocks while SPDK connects.
+    ///
+    /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) where SPDK is not
+    /// available (the reason names what is missing), with an I/O error where the target does
+    /// not answer, and with `InvalidInput` for a malformed transport ID.
+    pub fn open_nvme(&self, trid: &str) -> Result<File> {
+        File::open_nvme(self, trid)
+    }
+
+    /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
+    pub fn bounce_pool_is_dma(&self) -> bool {
+        self.inner.shared.arena.is_dma()
     }
 
     /// Opens `path` read-only.

@@ -177,7 +177,8 @@ impl OpenOptions {
         let file_path = path.clone();
         let file = File {
             inner: Arc::new(FileInner {
-                fd,
+                fd: Some(fd),
+                nvme: None,
                 buffered,
                 #[cfg(feature = "cuda")]
                 gds: std::sync::OnceLock::new(),
@@ -205,6 +206,74 @@ impl OpenOptions {
     }
 }
 
+impl File {
+    /// Opens NVMe namespace `trid` through SPDK (see [`Engine::open_nvme`]).
+    pub(crate) fn open_nvme(engine: &Engine, trid: &str) -> Result<File> {
+        let name = format!(
+            "nvme://{}",
+            trid.split_whitespace().collect::<Vec<_>>().join(" ")
+        );
+        let path: Arc<Path> = Arc::from(Path::new(&name));
+        let ctx = || {
+            Context::op(OpKind::Open)
+                .with_path(&path)
+                .with_backend("spdk")
+        };
+        let id = crate::spdk::TransportId::parse(trid)
+            .map_err(|why| Error::invalid(ctx(), format!("invalid SPDK transport ID: {why}")))?;
+        if id.is_pcie() && !engine.bounce_pool_is_dma() {
+            return Err(Error::unsupported(
+                ctx(),
+                "local PCIe NVMe needs DMA-able bounce memory: build the engine with \
+                 EngineBuilder::spdk_memory(true)",
+            ));
+        }
+        let ctrlr = crate::spdk::ctrlr::Controller::attach(&id).map_err(|why| {
+            if crate::spdk::env::spdk().is_err() {
+                Error::unsupported(ctx(), why)
+            } else {
+                Error::io(
+                    ctx(),
+                    std::io::Error::new(std::io::ErrorKind::ConnectionRefused, why),
+                )
+            }
+        })?;
+        let ns = ctrlr
+            .namespace(id.nsid())
+            .map_err(|why| Error::invalid(ctx(), why))?;
+        let sector = ns.sector;
+        // Name the namespace in error contexts the way a user would open it again.
+        let path: Arc<Path> = Arc::from(Path::new(&format!("nvme://{} ns:{}", id.controller_string(), ns.nsid)));
+        Ok(File {
+            inner: Arc::new(FileInner {
+                fd: None,
+                nvme: Some(Arc::new(ns)),
+                buffered: None,
+                #[cfg(feature = "cuda")]
+                gds: std::sync::OnceLock::new(),
+                path,
+                align: sector,
+                // Unaligned write edges are read-modify-written one sector at a time.
+                write_align: sector,
+                dio: None,
+                readable: true,
+                writable: true,
+            }),
+            engine: engine.clone(),
+        })
+    }
+
+    /// Whether this is an NVMe namespace opened through SPDK.
+    pub fn is_nvme(&self) -> bool {
+        self.inner.nvme.is_some()
+    }
+
+    /// For an NVMe namespace: its logical block (sector) size in bytes.
+    pub fn sector_size(&self) -> Option<u64> {
+        self.inner.nvme.as_ref().map(|n| n.sector)
+    }
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -224,7 +293,10 @@ fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
 
 /// What the reactor needs of a file; kept alive by every op until its I/O has completed.
 pub(crate) struct FileInner {
-    fd: OwnedFd,
+    /// The kernel descriptor (`None` for an NVMe namespace, whose I/O goes through SPDK).
+    fd: Option<OwnedFd>,
+    /// The NVMe namespace this "file" is, when opened with [`Engine::open_nvme`].
+    pub(crate) nvme: Option<Arc<crate::spdk::ctrlr::Namespace>>,
     buffered: Option<OwnedFd>,
     /// The cuFile registration (or why there is none), made on the first device transfer.
     #[cfg(feature = "cuda")]
@@ -240,12 +312,16 @@ pub(crate) struct FileInner {
 }
 
 impl FileInner {
+    /// The descriptor for the kernel (-1 for an NVMe namespace, whose pieces the reactor
+    /// sends to SPDK and never to the kernel).
     pub(crate) fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
     }
 
     pub(crate) fn buffered_raw_fd(&self) -> RawFd {
-        self.buffered.as_ref().unwrap_or(&self.fd).as_raw_fd()
+        self.buffered
+            .as_ref()
+            .map_or_else(|| self.raw_fd(), AsRawFd::as_raw_fd)
     }
 
     /// The cuFile registration, if one was made and succeeded.
@@ -263,6 +339,11 @@ impl FileInner {
     ) -> std::result::Result<&crate::gds::FileGds, String> {
         if mode == GdsMode::Off {
             return Err("the engine's backend does not use cuFile".into());
+        }
+        if self.nvme.is_some() {
+            return Err(
+                "an NVMe namespace opened through SPDK is not a file cuFile can register".into(),
+            );
         }
         let r = self.gds.get_or_init(|| {
             let compat = !crate::gds::driver::nvidia_fs_loaded();
@@ -292,7 +373,7 @@ impl FileInner {
             .write(self.writable)
             .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC);
         let direct = opts
-            .open(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
+            .open(format!("/proc/self/fd/{}", self.raw_fd()))
             .or_else(|_| opts.open(&self.path))
             .map_err(|e| format!("cannot reopen the file with O_DIRECT for cuFile: {e}"))?;
         let fd = OwnedFd::from(direct);
@@ -366,15 +447,26 @@ impl File {
     }
 
     pub(crate) fn ctx(&self, op: OpKind, offset: u64) -> Context {
+        let backend = if self.inner.nvme.is_some() {
+            "spdk"
+        } else {
+            self.engine.backend().name
+        };
         Context::op(op)
             .with_path(&self.inner.path)
             .with_offset(offset)
-            .with_backend(self.engine.backend().name)
+            .with_backend(backend)
     }
 
     /// Current size in bytes (block devices: device size).
     pub fn len(&self) -> Result<u64> {
-        align::file_len(self.inner.fd.as_fd()).map_err(|e| Error::io(self.ctx(OpKind::Stat, 0), e))
+        match (&self.inner.nvme, &self.inner.fd) {
+            (Some(ns), _) => Ok(ns.size),
+            (None, Some(fd)) => {
+                align::file_len(fd.as_fd()).map_err(|e| Error::io(self.ctx(OpKind::Stat, 0), e))
+            }
+            (None, None) => Ok(0),
+        }
     }
 
     /// Whether the file is empty.
@@ -398,6 +490,17 @@ impl File {
                 self.ctx(op, offset),
                 format!("offset {offset} + length {len} passes the largest file offset"),
             ));
+        }
+        if let Some(ns) = self.inner.nvme.as_ref().filter(|_| op == OpKind::Write) {
+            if offset + len as u64 > ns.size {
+                return Err(Error::invalid(
+                    self.ctx(op, offset),
+                    format!(
+                        "write of {len} bytes at {offset} passes the end of the namespace ({} bytes)",
+                        ns.size
+                    ),
+                ));
+            }
         }
         if self.engine.is_shut_down() {
             return Err(Error::shutdown(self.ctx(op, offset)));

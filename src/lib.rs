@@ -55,6 +55,7 @@ pub mod gds;
 pub mod reactor;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
+pub mod spdk;
 pub mod uring;
 
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};

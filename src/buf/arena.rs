@@ -23,6 +23,8 @@ pub(crate) struct BounceArena {
     base: NonNull<u8>,
     len: usize,
     block_size: usize,
+    /// The memory, when it comes from SPDK's DMA heap instead of an anonymous mapping.
+    dma: Option<crate::spdk::env::DmaRegion>,
     /// CUDA page-locking of the whole mapping, done on first use by a device transfer.
     #[cfg(feature = "cuda")]
     pinned: std::sync::OnceLock<Result<crate::cuda::pinned::PinnedRegion, String>>,
@@ -65,9 +67,37 @@ impl BounceArena {
             base,
             len,
             block_size,
+            dma: None,
             #[cfg(feature = "cuda")]
             pinned: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Like [`new`](Self::new), in DMA-able memory from SPDK's hugepage heap, which every NVMe
+    /// transport (local PCIe included) can move data into and out of.
+    pub(crate) fn new_dma(block_size: usize, blocks: usize) -> Result<Self, String> {
+        if !block_size.is_power_of_two() || block_size < MIN_SLOT || blocks == 0 {
+            return Err("bounce block size must be a power of two >= 4096 and blocks > 0".into());
+        }
+        let len = block_size
+            .checked_mul(blocks)
+            .ok_or_else(|| "bounce pool too large".to_string())?;
+        let dma = crate::spdk::env::DmaRegion::new(len, MIN_SLOT)?;
+        let base = NonNull::new(dma.as_ptr()).ok_or_else(|| "null DMA region".to_string())?;
+        debug_assert_eq!(dma.len(), len);
+        Ok(BounceArena {
+            base,
+            len,
+            block_size,
+            dma: Some(dma),
+            #[cfg(feature = "cuda")]
+            pinned: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Whether the memory is SPDK DMA memory.
+    pub(crate) fn is_dma(&self) -> bool {
+        self.dma.is_some()
     }
 
     /// Page-locks the arena with CUDA (once per arena; portable across contexts). Returns
@@ -161,6 +191,10 @@ impl Drop for BounceArena {
         // Unregister from CUDA before the memory goes away.
         #[cfg(feature = "cuda")]
         drop(self.pinned.take());
+        if self.dma.take().is_some() {
+            // SPDK memory went back to SPDK's heap with the region.
+            return;
+        }
         // SAFETY: base/len are exactly what mmap returned; the last Arc is gone, so no slot
         // (and no in-flight I/O: the reactor drains or leaks the arena) refers to it.
         unsafe {

@@ -432,6 +432,8 @@ pub(crate) struct Reactor {
     /// Why the cuFile lane could not be set up (asked once per engine).
     #[cfg(feature = "cuda")]
     gds_unavailable: Option<String>,
+    /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
+    spdk: Option<crate::spdk::lane::SpdkLane>,
 }
 
 /// How often the reactor reaps cuFile batch status while batch I/O is outstanding.
@@ -472,6 +474,7 @@ impl Reactor {
             gds: None,
             #[cfg(feature = "cuda")]
             gds_unavailable: None,
+            spdk: None,
         }
     }
 
@@ -491,11 +494,12 @@ impl Reactor {
 
     /// Bounce memory in flight outside the ring (cuFile batch entries).
     fn lane_outstanding(&self) -> usize {
+        let spdk = self.spdk.as_ref().map_or(0, |l| l.outstanding());
         #[cfg(feature = "cuda")]
         if let Some(l) = &self.gds {
-            return l.queue.outstanding();
+            return l.queue.outstanding() + spdk;
         }
-        0
+        spdk
     }
 
     /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
@@ -540,6 +544,7 @@ impl Reactor {
         // it is accounted for, never unmap them. A dead engine leaks; it must not corrupt.
         if !self.ios.is_empty() || self.retire_doorbell().is_err() {
             std::mem::forget(self.driver.take());
+            std::mem::forget(self.spdk.take());
             std::mem::forget(self.arena.clone());
             #[cfg(feature = "cuda")]
             std::mem::forget(self.gds.take());
@@ -601,7 +606,6 @@ impl Reactor {
             };
             #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
             let mut timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
-            #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
             let mut block = block;
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {
@@ -611,9 +615,16 @@ impl Reactor {
                 }
                 block &= self.completions.is_empty();
             }
+            if self.spdk.as_ref().is_some_and(|l| l.busy()) {
+                // NVMe completions are found only by polling: spin while commands are out.
+                block = false;
+            }
             let driver = self.driver.as_mut().expect("driver present while running");
             driver.wait(block, timeout, &mut self.completions)?;
             self.doorbell.awake();
+            if let Some(l) = self.spdk.as_mut() {
+                l.reap(&mut self.completions);
+            }
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {
                 l.queue.reap(&mut self.completions);
@@ -887,7 +898,13 @@ impl Reactor {
                 return;
             }
         };
-        let chunk = self.cfg.chunk_size;
+        let chunk = match &file.nvme {
+            Some(ns) => {
+                backend = "spdk";
+                ns.chunk(self.cfg.chunk_size)
+            }
+            None => self.cfg.chunk_size,
+        };
         let plan = match kind {
             OpKind::Read => ReadPlan::new(offset, len, align, chunk).map(Plan::Read),
             OpKind::Write => WritePlan::new(offset, len, write_align, chunk).map(Plan::Write),
@@ -1130,6 +1147,21 @@ impl Reactor {
                 write: io.kind == IoKind::Write,
                 token: token as u64,
             });
+            return;
+        }
+        if let Some(ns) = &file.nvme {
+            let buf = match &io.slot {
+                // SAFETY: `done <= piece.len <= slot size`, so the pointer stays in the slot.
+                Some(s) => unsafe { self.arena.slot_ptr(s).add(io.done) },
+                None => std::ptr::null_mut(),
+            };
+            let (kind, partial) = (io.kind, io.piece.via == Via::Buffered);
+            let (pos, len) = (io.piece.pos + io.done as u64, io.piece.len - io.done);
+            let ns = ns.clone();
+            let qd = self.cfg.queue_depth;
+            self.spdk
+                .get_or_insert_with(|| crate::spdk::lane::SpdkLane::new(qd))
+                .submit(&ns, token as u64, kind, partial, buf, pos, len);
             return;
         }
         let fd = match io.piece.via {
