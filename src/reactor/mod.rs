@@ -1158,9 +1158,8 @@ impl Reactor {
             let (kind, partial) = (io.kind, io.piece.via == Via::Buffered);
             let (pos, len) = (io.piece.pos + io.done as u64, io.piece.len - io.done);
             let ns = ns.clone();
-            let qd = self.cfg.queue_depth;
             self.spdk
-                .get_or_insert_with(|| crate::spdk::lane::SpdkLane::new(qd))
+                .get_or_insert_with(crate::spdk::lane::SpdkLane::new)
                 .submit(&ns, token as u64, kind, partial, buf, pos, len);
             return;
         }

@@ -264,8 +264,9 @@ impl Controller {
         })
     }
 
-    /// Allocates (and connects) an I/O queue pair with room for `depth` commands.
-    pub(crate) fn alloc_qpair(self: &Arc<Self>, depth: u32) -> Result<Qpair, String> {
+    /// Allocates (and connects) an I/O queue pair. SPDK's default request pool (512) is kept:
+    /// commands beyond it wait in the lane, which is what lets queue depth exceed it.
+    pub(crate) fn alloc_qpair(self: &Arc<Self>) -> Result<Qpair, String> {
         let lib = &self.spdk.lib;
         let mut opts = RawQpairOpts::zeroed();
         // SAFETY: attached controller; `opts` has the 20.07 size, passed as such.
@@ -276,12 +277,6 @@ impl Controller {
                 std::mem::size_of::<RawQpairOpts>(),
             )
         };
-        // Requests are what a command (and its children, if SPDK splits it) consumes; keep
-        // well above the queue depth so splits rarely run out.
-        let requests = opts
-            .u32_at(sys::QPAIR_OPTS_QUEUE_REQUESTS)
-            .max(depth.saturating_mul(4));
-        opts.set_u32(sys::QPAIR_OPTS_QUEUE_REQUESTS, requests);
         // SAFETY: as above.
         let p = unsafe {
             (lib.spdk_nvme_ctrlr_alloc_io_qpair)(

@@ -126,7 +126,6 @@ pub(crate) struct SpdkLane {
     queues: Slab<NsQueue>,
     /// Completions decided without SPDK (end of namespace, submit errors).
     ready: Vec<Completion>,
-    depth: u32,
     stall: Duration,
 }
 
@@ -134,7 +133,7 @@ pub(crate) struct SpdkLane {
 const RECONNECT_EVERY: Duration = Duration::from_secs(1);
 
 impl SpdkLane {
-    pub(crate) fn new(depth: usize) -> Self {
+    pub(crate) fn new() -> Self {
         let stall = std::env::var("GPUIO_SPDK_TIMEOUT_SECS")
             .ok()
             .and_then(|s| s.parse::<f64>().ok())
@@ -143,7 +142,6 @@ impl SpdkLane {
         SpdkLane {
             queues: Slab::new(),
             ready: Vec::new(),
-            depth: depth.clamp(1, 4096) as u32,
             stall,
         }
     }
@@ -348,7 +346,6 @@ impl SpdkLane {
     /// Makes sure queue `qi` has a connected qpair, reconnecting if it is down and the last
     /// attempt is old enough. Returns the errno to fail commands with otherwise.
     fn ensure_connected(&mut self, qi: usize) -> Result<(), i32> {
-        let depth = self.depth;
         let q = &mut self.queues[qi];
         if q.qpair.is_some() {
             return Ok(());
@@ -364,9 +361,9 @@ impl SpdkLane {
             // The admin connection died with the target: reset reconnects it.
             q.ns.ctrlr
                 .reset()
-                .and_then(|()| q.ns.ctrlr.alloc_qpair(depth))
+                .and_then(|()| q.ns.ctrlr.alloc_qpair())
         } else {
-            q.ns.ctrlr.alloc_qpair(depth)
+            q.ns.ctrlr.alloc_qpair()
         };
         match attempt {
             Ok(qp) => {

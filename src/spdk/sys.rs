@@ -56,13 +56,6 @@ impl<const N: usize> Opaque<N> {
     pub(crate) fn set_u32(&mut self, at: usize, v: u32) {
         self.0[at..at + 4].copy_from_slice(&v.to_ne_bytes());
     }
-
-    /// Reads a `u32` field at byte offset `at`.
-    pub(crate) fn u32_at(&self, at: usize) -> u32 {
-        let mut b = [0; 4];
-        b.copy_from_slice(&self.0[at..at + 4]);
-        u32::from_ne_bytes(b)
-    }
 }
 
 /// `struct spdk_nvme_transport_id`.
@@ -73,8 +66,6 @@ pub(crate) type RawCtrlrOpts = Opaque<600>;
 pub(crate) const CTRLR_OPTS_KEEP_ALIVE_MS: usize = 16;
 /// `struct spdk_nvme_io_qpair_opts`.
 pub(crate) type RawQpairOpts = Opaque<72>;
-/// `spdk_nvme_io_qpair_opts.io_queue_requests`.
-pub(crate) const QPAIR_OPTS_QUEUE_REQUESTS: usize = 8;
 
 /// `struct spdk_nvme_cpl` (16 bytes; the status word is the last 16 bits).
 #[repr(C)]
