@@ -623,7 +623,13 @@ impl Reactor {
             driver.wait(block, timeout, &mut self.completions)?;
             self.doorbell.awake();
             if let Some(l) = self.spdk.as_mut() {
+                let before = self.completions.len();
                 l.reap(&mut self.completions);
+                if self.completions.len() == before && l.busy() {
+                    // Nothing yet: let the threads that consume completions (often on the same
+                    // core) run before polling again.
+                    std::thread::yield_now();
+                }
             }
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {

@@ -111,9 +111,14 @@ pub struct BenchArgs {
     /// Destination (or source) memory: host, gpu, gpu:N.
     #[arg(long, default_value = "host")]
     to: Target,
-    /// Backend; a comma-separated list compares them (`uring,pread`).
+    /// Backend; a comma-separated list compares them (`uring,pread`). `spdk` reads the NVMe
+    /// namespace given with --target instead of a file.
     #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "auto")]
-    backend: Vec<Backend>,
+    backend: Vec<BenchBackend>,
+    /// SPDK transport ID of the namespace `--backend spdk` uses
+    /// (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:...`).
+    #[arg(long = "target", value_name = "TRID")]
+    nvme: Option<String>,
     /// Engine chunk size (default: 4M, or --bs if larger).
     #[arg(long)]
     chunk: Option<ByteSize>,
@@ -139,11 +144,42 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
+/// What `--backend` names: an engine backend over a file, or SPDK over an NVMe namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchBackend {
+    /// A file through the engine's kernel interface (and cuFile where it serves).
+    Engine(Backend),
+    /// The namespace given with --target, through SPDK.
+    Spdk,
+}
+
+impl std::str::FromStr for BenchBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spdk" => Ok(BenchBackend::Spdk),
+            other => other
+                .parse()
+                .map(BenchBackend::Engine)
+                .map_err(|e| format!("{e}, or spdk")),
+        }
+    }
+}
+
+impl std::fmt::Display for BenchBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchBackend::Engine(b) => b.fmt(f),
+            BenchBackend::Spdk => f.write_str("spdk"),
+        }
+    }
+}
+
 /// One point of a sweep.
 #[derive(Debug, Clone, Copy)]
 pub struct Point {
     /// The backend asked for.
-    pub backend: Backend,
+    pub backend: BenchBackend,
     /// Bytes per request.
     pub bs: u64,
     /// Requests in flight.
@@ -165,13 +201,16 @@ pub struct Measurement {
     pub lat_p50_us: u32,
     /// 99th percentile request latency.
     pub lat_p99_us: u32,
-    /// fio on the same file and settings (medians), under --compare.
-    pub fio: Option<PeerResult>,
+    /// The peer (fio, or SPDK's perf for `spdk`) on the same target and settings (medians),
+    /// under --compare.
+    pub peer: Option<PeerResult>,
 }
 
 /// A peer's throughput at one point.
 #[derive(Debug, Clone, Copy)]
 pub struct PeerResult {
+    /// `fio` or `spdk-perf`.
+    pub name: &'static str,
     /// Bytes per second / 1e9.
     pub gbps: f64,
     /// Requests per second.
@@ -206,11 +245,28 @@ pub async fn run(a: BenchArgs) -> CliResult {
         }
     }
     let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
+    let spdk = a.backend.contains(&BenchBackend::Spdk);
+    if spdk != a.nvme.is_some() {
+        return Err("--backend spdk and --target TRID go together".into());
+    }
+    let needs_file = a.backend.iter().any(|b| *b != BenchBackend::Spdk);
+    // The namespace's span: its size, at most --size.
+    let nvme_span = match &a.nvme {
+        Some(trid) => {
+            let len = Engine::new()?.open_nvme(trid)?.len()?.min(a.size.0);
+            if len < max_bs {
+                return Err(format!("namespace span {len} is smaller than --bs {max_bs}").into());
+            }
+            len
+        }
+        None => 0,
+    };
 
     // The file: given, or a temporary one we fill first (once, for every point).
     let _tmp;
     let path = match &a.file {
         Some(p) => p.clone(),
+        None if !needs_file => PathBuf::new(),
         None => {
             let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
             let p = t.path().to_path_buf();
@@ -222,6 +278,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
         }
     };
     let span = match a.rw {
+        _ if !needs_file => nvme_span,
         Rw::Read => {
             let len = std::fs::metadata(&path)?.len();
             if a.file.is_some() {
@@ -237,10 +294,19 @@ pub async fn run(a: BenchArgs) -> CliResult {
     }
 
     let rounds = a.rounds.max(1);
-    let fio_ok = a.compare && fio_available();
-    if a.compare && !fio_ok {
+    let fio_ok = a.compare && needs_file && fio_available();
+    if a.compare && needs_file && !fio_ok {
         eprintln!("--compare: fio is not installed (apt-get install fio); measuring gpuio alone");
     }
+    let perf = if a.compare && spdk {
+        let p = spdk_perf_binary();
+        if let Err(why) = &p {
+            eprintln!("--compare: {why}; measuring gpuio alone on spdk");
+        }
+        p.ok()
+    } else {
+        None
+    };
     let mut results = Vec::new();
     for &backend in &a.backend {
         for bs in a.bs.iter().map(|b| b.0) {
@@ -248,10 +314,21 @@ pub async fn run(a: BenchArgs) -> CliResult {
                 let point = Point { backend, bs, qd };
                 let mut ours = Vec::with_capacity(rounds);
                 let mut peer = Vec::with_capacity(rounds);
+                let span = if backend == BenchBackend::Spdk {
+                    nvme_span
+                } else {
+                    span
+                };
                 for _ in 0..rounds {
                     ours.push(measure(&a, point, &path, span, cuda.as_ref()).await?);
-                    if fio_ok {
-                        peer.push(fio(&a, point, &path, span).await?);
+                    match (backend, &perf) {
+                        (BenchBackend::Spdk, Some(bin)) => {
+                            peer.push(spdk_perf(&a, point, bin).await?)
+                        }
+                        (BenchBackend::Engine(_), _) if fio_ok => {
+                            peer.push(fio(&a, point, &path, span).await?)
+                        }
+                        _ => {}
                     }
                 }
                 // The median round by throughput stands for the point.
@@ -263,25 +340,28 @@ pub async fn run(a: BenchArgs) -> CliResult {
                         v.sort_by(f64::total_cmp);
                         v[v.len() / 2]
                     };
-                    let fio = PeerResult {
+                    let p = PeerResult {
+                        name: peer[0].name,
                         gbps: med(|p| p.gbps),
                         iops: med(|p| p.iops),
                     };
+                    let name = p.name;
                     println!(
-                        "  vs fio (medians of {rounds}): gpuio {:.3} GB/s {:.0} IOPS, fio {:.3} GB/s \
-                         {:.0} IOPS: gpuio/fio {:.2} (GB/s), {:.2} (IOPS)",
+                        "  vs {name} (medians of {rounds}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
+                         {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS)",
                         m.result.gbps,
                         m.result.iops,
-                        fio.gbps,
-                        fio.iops,
-                        m.result.gbps / fio.gbps,
-                        m.result.iops / fio.iops
+                        p.gbps,
+                        p.iops,
+                        m.result.gbps / p.gbps,
+                        m.result.iops / p.iops
                     );
-                    m.json["fio_gbps"] = fio.gbps.into();
-                    m.json["fio_iops"] = fio.iops.into();
-                    m.json["ratio_gbps"] = (m.result.gbps / fio.gbps).into();
-                    m.json["ratio_iops"] = (m.result.iops / fio.iops).into();
-                    m.result.fio = Some(fio);
+                    m.json["peer"] = name.into();
+                    m.json[format!("{}_gbps", name.replace('-', "_"))] = p.gbps.into();
+                    m.json[format!("{}_iops", name.replace('-', "_"))] = p.iops.into();
+                    m.json["ratio_gbps"] = (m.result.gbps / p.gbps).into();
+                    m.json["ratio_iops"] = (m.result.iops / p.iops).into();
+                    m.result.peer = Some(p);
                 }
                 if a.json {
                     println!("{}", m.json);
@@ -290,9 +370,9 @@ pub async fn run(a: BenchArgs) -> CliResult {
             }
         }
     }
-    if results.len() > 1 || results.iter().any(|m| m.fio.is_some()) {
+    if results.len() > 1 || results.iter().any(|m| m.peer.is_some()) {
         println!(
-            "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  {:>9} {:>10} {:>7}  served by",
+            "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  {:>9} {:>10} {:>7}  served by (peer)",
             "backend",
             "bs",
             "qd",
@@ -300,21 +380,22 @@ pub async fn run(a: BenchArgs) -> CliResult {
             "IOPS",
             "p50 us",
             "p99 us",
-            "fio GB/s",
-            "fio IOPS",
+            "peer GB/s",
+            "peer IOPS",
             "ratio"
         );
         for m in &results {
-            let (fg, fi, ratio) = match m.fio {
+            let (fg, fi, ratio, who) = match m.peer {
                 Some(f) => (
                     format!("{:.3}", f.gbps),
                     format!("{:.0}", f.iops),
                     format!("{:.2}", m.gbps / f.gbps),
+                    format!(" ({})", f.name),
                 ),
-                None => ("-".into(), "-".into(), "-".into()),
+                None => ("-".into(), "-".into(), "-".into(), String::new()),
             };
             println!(
-                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}",
+                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}{who}",
                 m.point.backend.to_string(),
                 short_size(m.point.bs),
                 m.point.qd,
@@ -372,7 +453,12 @@ async fn measure(
     let pool = (2 * blocks as u64 * bs.max(4096)).max(128 << 20);
     let slots = pool.div_ceil(chunk.next_power_of_two()).clamp(4, 65535) as usize;
     let engine = Engine::builder()
-        .backend(backend)
+        .backend(match backend {
+            BenchBackend::Engine(b) => b,
+            BenchBackend::Spdk => Backend::Auto,
+        })
+        // SPDK reads land in SPDK DMA memory, as they must for local PCIe drives.
+        .spdk_memory(backend == BenchBackend::Spdk)
         .chunk_size(chunk as usize)
         .queue_depth(qd_engine)
         .bounce_slots(slots)
@@ -382,7 +468,9 @@ async fn measure(
             Some(64 << 10)
         })
         .build()?;
+    let nvme = a.nvme.as_deref().filter(|_| backend == BenchBackend::Spdk);
     let file = match a.rw {
+        _ if nvme.is_some() => engine.open_nvme(nvme.unwrap_or_default())?,
         Rw::Read => OpenOptions::new()
             .read(true)
             .direct(a.direct)
@@ -529,6 +617,7 @@ async fn measure(
     let iops = all.ops as f64 / secs;
     // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
     let served_by = match cuda {
+        _ if file.is_nvme() => "spdk".to_string(),
         Some(_) => match file.gds_status() {
             gpuio::gds::GdsStatus::Bounce(_) => format!("{}+bounce", engine.backend().name),
             s => s.name().to_string(),
@@ -544,7 +633,7 @@ async fn measure(
         a.to,
         fmt_bytes(bs),
         qd,
-        path.display(),
+        nvme.map_or_else(|| path.display().to_string(), str::to_string),
         fmt_bytes(all.bytes),
         pct(0.5),
         pct(0.99),
@@ -568,7 +657,7 @@ async fn measure(
         "ops": all.ops,
         "lat_p50_us": pct(0.5),
         "lat_p99_us": pct(0.99),
-        "file": path.display().to_string(),
+        "file": nvme.map_or_else(|| path.display().to_string(), str::to_string),
     });
     Ok(PointOutput {
         result: Measurement {
@@ -578,7 +667,7 @@ async fn measure(
             iops,
             lat_p50_us: pct(0.5),
             lat_p99_us: pct(0.99),
-            fio: None,
+            peer: None,
         },
         json,
     })
@@ -643,7 +732,99 @@ async fn fio(
         return Err("fio's JSON output has no bw_bytes/iops".into());
     };
     Ok(PeerResult {
+        name: "fio",
         gbps: bw / 1e9,
+        iops,
+    })
+}
+
+/// SPDK's own `perf` example from the build `scripts/spdk.sh` made (next to the library gpuio
+/// loads), or why it cannot be run.
+fn spdk_perf_binary() -> Result<PathBuf, String> {
+    let (lib, _) = gpuio::spdk::probe().library?;
+    let home = std::path::Path::new(&lib)
+        .parent()
+        .and_then(|p| p.parent())
+        .ok_or("no SPDK home")?;
+    let bin = home.join("bin/perf");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!("SPDK's perf is not at {}", bin.display()))
+    }
+}
+
+/// SPDK's `perf` with the point's settings against the same namespace: one core (the machine's
+/// last), `qd` deep (a batch counts as its blocks), for `--seconds`, reads or writes into its
+/// own DMA memory (it has no GPU target).
+async fn spdk_perf(
+    a: &BenchArgs,
+    point: Point,
+    bin: &std::path::Path,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let rw = match (a.rw, a.pattern) {
+        (Rw::Read, Pattern::Seq) => "read",
+        (Rw::Read, _) => "randread",
+        (Rw::Write, Pattern::Seq) => "write",
+        (Rw::Write, _) => "randwrite",
+    };
+    let depth = point.qd
+        * if a.pattern == Pattern::Batch {
+            a.batch
+        } else {
+            1
+        };
+    let trid = a.nvme.clone().unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lib_dir = bin
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|h| h.join("lib"))
+        .unwrap_or_default();
+    let args = vec![
+        "-q".to_string(),
+        depth.to_string(),
+        "-o".to_string(),
+        point.bs.to_string(),
+        "-w".to_string(),
+        rw.to_string(),
+        "-t".to_string(),
+        (a.seconds.ceil().max(1.0) as u64).to_string(),
+        "-c".to_string(),
+        format!("{:#x}", 1u64 << (cores - 1).min(63)),
+        "-r".to_string(),
+        trid,
+    ];
+    let bin = bin.to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin)
+            .args(&args)
+            .env("LD_LIBRARY_PATH", &lib_dir)
+            .output()
+    })
+    .await??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "SPDK perf failed: {}{}",
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    // "Total : <IOPS> <MiB/s> <avg us> <min> <max>"
+    let nums: Vec<f64> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, r)| r.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+        .unwrap_or_default();
+    let [iops, mibs, ..] = nums[..] else {
+        return Err(format!("no Total line in SPDK perf's output: {}", text.trim()).into());
+    };
+    Ok(PeerResult {
+        name: "spdk-perf",
+        gbps: mibs * 1048576.0 / 1e9,
         iops,
     })
 }
