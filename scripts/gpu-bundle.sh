@@ -40,6 +40,14 @@ for ex in target/release/examples/*; do
 done
 strip "$OUT"/tests/* "$OUT"/bin/*
 mkdir -p "$OUT/peers" && cp scripts/peers/*.py "$OUT/peers/"
+# SPDK (the initiator library, nvmf_tgt, perf and the libraries they need), built here once
+# by scripts/spdk.sh: the GPU machine has no compiler and no package manager.
+if bash scripts/spdk.sh build >/dev/null 2>&1; then
+  bash scripts/spdk.sh bundle "$OUT/spdk" >/dev/null
+  cp scripts/spdk.sh "$OUT/spdk.sh"
+else
+  echo "gpu-bundle: SPDK could not be built; the bundle's SPDK tests will skip" >&2
+fi
 
 cat > "$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
@@ -54,6 +62,11 @@ LOGS=${LOGS:-$PWD/logs}
 mkdir -p "$LOGS"
 export GPUIO_TEST_DIR=${GPUIO_TEST_DIR:-/tmp/gpuio-tests}
 mkdir -p "$GPUIO_TEST_DIR"
+if [ -f spdk/lib/libspdk_gpuio.so ]; then
+  # SPDK travels with the bundle: the tests start their own NVMe/TCP targets with spdk.sh.
+  export GPUIO_SPDK_HOME=$PWD/spdk GPUIO_SPDK_SCRIPT=$PWD/spdk.sh GPUIO_SPDK_REQUIRED=1 GPUIO_SPDK_HUGE_MIB=8192
+  export LD_LIBRARY_PATH=$PWD/spdk/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 TABLE=()
 run_test() { # phase, binary
   local phase=$1 t=$2 name start status secs summary skips
@@ -97,6 +110,21 @@ export GPUIO_REQUIRE_GDS=1
 if grep -q 'nvidia-fs: loaded' "$LOGS/check-after.txt"; then export GPUIO_EXPECT_AUTO=gds; else export GPUIO_EXPECT_AUTO=compat; fi
 for t in tests/test-gds tests/test-device tests/test-batch; do [ -x "$t" ] && run_test B "$t"; done
 unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
+
+# ---- SPDK: gpuio over NVMe/TCP into GPU and host memory, next to SPDK's perf on the same
+# target (perf reads into host DMA memory). SPDK_BENCH=0 skips.
+if [ -n "${GPUIO_SPDK_HOME:-}" ] && [ "${SPDK_BENCH:-1}" = 1 ]; then
+  trid=$(bash spdk.sh start --port 4420 --size 1024 --core 1 2>>"$LOGS/spdk.err")
+  for r in 1 2 3; do
+    bench "spdk 128K qd32 to gpu #$r" --backend spdk --target "$trid" --bs 128K --qd 32 --to gpu --seconds 4
+    bench "spdk 4K rand qd64 to gpu #$r" --backend spdk --target "$trid" --bs 4K --qd 64 --pattern rand --to gpu --seconds 4
+    for a in "--bs 128K --qd 32" "--bs 4K --qd 64 --pattern rand"; do
+      ./bin/gpuio bench --backend spdk --target "$trid" $a --seconds 4 --compare > "$LOGS/spdk-compare.txt" 2>&1
+      TABLE+=("spdk to host $a #$r: $(grep 'vs spdk-perf' "$LOGS/spdk-compare.txt" | sed 's/.*): //')")
+    done
+  done
+  bash spdk.sh stop --port 4420
+fi
 
 # ---- benchmarks: bounce path (uring) vs cuFile (gds), same file, alternating, 3 rounds
 for r in $(seq 1 "${BENCH_ROUNDS:-3}"); do

@@ -243,7 +243,11 @@ impl File {
             .map_err(|why| Error::invalid(ctx(), why))?;
         let sector = ns.sector;
         // Name the namespace in error contexts the way a user would open it again.
-        let path: Arc<Path> = Arc::from(Path::new(&format!("nvme://{} ns:{}", id.controller_string(), ns.nsid)));
+        let path: Arc<Path> = Arc::from(Path::new(&format!(
+            "nvme://{} ns:{}",
+            id.controller_string(),
+            ns.nsid
+        )));
         Ok(File {
             inner: Arc::new(FileInner {
                 fd: None,

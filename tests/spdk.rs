@@ -29,7 +29,10 @@ fn script() -> PathBuf {
 /// Whether SPDK can be used; prints SKIPPED (or panics when required) if not.
 fn spdk_ready(test: &str) -> bool {
     match gpuio::spdk::probe().library {
-        Ok(_) => true,
+        Ok(_) => {
+            reserve_hugepages();
+            true
+        }
         Err(why) => {
             if std::env::var("GPUIO_SPDK_REQUIRED").is_ok_and(|v| v == "1") {
                 panic!("{test}: SPDK is required (GPUIO_SPDK_REQUIRED=1) but unusable: {why}");
@@ -38,6 +41,25 @@ fn spdk_ready(test: &str) -> bool {
             false
         }
     }
+}
+
+/// SPDK's environment starts once per process and needs hugepages then: reserve them before
+/// any test can start it (a failed start is final for the process).
+fn reserve_hugepages() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let mib = std::env::var("GPUIO_SPDK_HUGE_MIB").unwrap_or_else(|_| "2048".into());
+        let out = Command::new("bash")
+            .arg(script())
+            .args(["hugepages", &mib])
+            .output()
+            .expect("run scripts/spdk.sh hugepages");
+        assert!(
+            out.status.success(),
+            "scripts/spdk.sh hugepages failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
 }
 
 /// An nvmf_tgt on its own port, stopped on drop.
@@ -127,14 +149,22 @@ fn random_ranges_read_back_what_was_written() {
         assert_eq!(f.write_from(&model[..], 0).await.unwrap(), size);
         let mut rng = fastrand::Rng::with_seed(11);
         for i in 0..300 {
-            let len = if i % 3 == 0 { rng.usize(1..=1100) } else { rng.usize(1..=300_000) };
+            let len = if i % 3 == 0 {
+                rng.usize(1..=1100)
+            } else {
+                rng.usize(1..=300_000)
+            };
             let off = rng.usize(0..size - len);
             let data = pattern(len, 1000 + i);
             assert_eq!(f.write_from(&data[..], off as u64).await.unwrap(), len);
             model[off..off + len].copy_from_slice(&data);
         }
         for i in 0..300 {
-            let len = if i % 2 == 0 { rng.usize(1..=4097) } else { rng.usize(1..=2_000_000) };
+            let len = if i % 2 == 0 {
+                rng.usize(1..=4097)
+            } else {
+                rng.usize(1..=2_000_000)
+            };
             let off = rng.usize(0..size - len);
             let mut buf = vec![0u8; len];
             assert_eq!(f.read_into(&mut buf[..], off as u64).await.unwrap(), len);
@@ -142,16 +172,24 @@ fn random_ranges_read_back_what_was_written() {
         }
         // Past the end: short, then empty; writes past it are refused whole.
         let mut buf = vec![0u8; 10_000];
-        let n = f.read_into(&mut buf[..], (size - 1234) as u64).await.unwrap();
+        let n = f
+            .read_into(&mut buf[..], (size - 1234) as u64)
+            .await
+            .unwrap();
         assert_eq!(n, 1234);
         assert!(buf[..n] == model[size - 1234..]);
         assert_eq!(f.read_into(&mut buf[..], size as u64 + 5).await.unwrap(), 0);
-        let e = f.write_from(&buf[..], (size - 100) as u64).await.unwrap_err();
+        let e = f
+            .write_from(&buf[..], (size - 100) as u64)
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
         assert!(e.to_string().contains("end of the namespace"), "{e}");
         // Nothing was written by the refused write.
         let mut tail = vec![0u8; 100];
-        f.read_exact_at(&mut tail[..], (size - 100) as u64).await.unwrap();
+        f.read_exact_at(&mut tail[..], (size - 100) as u64)
+            .await
+            .unwrap();
         assert!(tail == model[size - 100..]);
         f.sync_all().await.unwrap();
     });
@@ -195,7 +233,10 @@ fn concurrent_partial_sector_writes_keep_each_others_bytes() {
         }
         let mut back = vec![0u8; region];
         f.read_exact_at(&mut back[..], 0).await.unwrap();
-        assert!(back == model, "a concurrent partial-sector write lost bytes");
+        assert!(
+            back == model,
+            "a concurrent partial-sector write lost bytes"
+        );
     });
 }
 
@@ -245,7 +286,14 @@ fn dropped_and_leaked_reads_leave_the_engine_usable() {
         return;
     }
     let t = Target::start(4434, 32);
-    let engine = engine(64);
+    // A leaked read keeps its slots (up to 3 MiB here) for good: the pool has room for all ten
+    // leaks below and the reads after them.
+    let engine = Engine::builder()
+        .queue_depth(64)
+        .chunk_size(1 << 20)
+        .bounce_slots(64)
+        .build()
+        .unwrap();
     let f = engine.open_nvme(&t.trid).unwrap();
     let rt = runtime();
     let size = t.size() as usize;
@@ -257,7 +305,10 @@ fn dropped_and_leaked_reads_leave_the_engine_usable() {
         // The buffer is free again: nothing writes into it after the future is gone.
         buf.fill(0xAB);
         std::thread::sleep(Duration::from_millis(2));
-        assert!(buf.iter().all(|&b| b == 0xAB), "bytes landed after the future was dropped");
+        assert!(
+            buf.iter().all(|&b| b == 0xAB),
+            "bytes landed after the future was dropped"
+        );
     }
     rt.block_on(async {
         let mut b = vec![0u8; 5 << 20];
@@ -293,7 +344,9 @@ fn bad_transport_ids_and_unreachable_targets_are_clear_errors() {
     assert!(matches!(e, Error::Io { .. }), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(20), "{:?}", t0.elapsed());
     // PCIe needs DMA bounce memory, which this engine does not have.
-    let e = engine.open_nvme("trtype:PCIe traddr:0000:00:00.0").unwrap_err();
+    let e = engine
+        .open_nvme("trtype:PCIe traddr:0000:00:00.0")
+        .unwrap_err();
     assert!(matches!(e, Error::Unsupported { .. }), "{e}");
     // A namespace that does not exist.
     let t = Target::start(4435, 8);
@@ -349,7 +402,10 @@ fn target_killed_mid_io_fails_ops_then_reconnects_after_restart() {
             assert!(ok > 0, "no read succeeded before the kill");
             errors.extend(err);
         }
-        assert!(!errors.is_empty(), "no read failed after the target was killed");
+        assert!(
+            !errors.is_empty(),
+            "no read failed after the target was killed"
+        );
         eprintln!("after kill: {} errors, e.g. {}", errors.len(), errors[0]);
         // While it is down, ops fail fast.
         let mut b = vec![0u8; 4096];
@@ -372,6 +428,63 @@ fn target_killed_mid_io_fails_ops_then_reconnects_after_restart() {
         }
         let mut back = vec![0u8; 1 << 20];
         f.read_exact_at(&mut back[..], 4096).await.unwrap();
+        assert!(back == data);
+    });
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn device_memory_reads_and_writes_through_spdk() {
+    if !spdk_ready("device_memory_reads_and_writes_through_spdk") {
+        return;
+    }
+    if !gpuio::cuda::available() {
+        let p = gpuio::cuda::probe();
+        skipped(format!(
+            "device_memory_reads_and_writes_through_spdk: no usable CUDA device ({})",
+            p.error.as_deref().unwrap_or("no devices")
+        ));
+        return;
+    }
+    let ctx = gpuio::cuda::context(0).expect("CUDA context");
+    let stream = ctx.default_stream();
+    let t = Target::start(4437, 64);
+    let rt = runtime();
+    rt.block_on(async {
+        // DMA bounce memory, as a local PCIe drive needs.
+        let engine = Engine::builder()
+            .spdk_memory(true)
+            .chunk_size(1 << 20)
+            .bounce_slots(32)
+            .build()
+            .expect("engine with SPDK memory");
+        assert!(engine.bounce_pool_is_dma());
+        let f = engine.open_nvme(&t.trid).unwrap();
+        let size = t.size() as usize;
+        let model = pattern(size, 41);
+        f.write_from(&model[..], 0).await.unwrap();
+        let mut rng = fastrand::Rng::with_seed(3);
+        for i in 0..60 {
+            let len = if i % 2 == 0 {
+                rng.usize(1..=9000)
+            } else {
+                rng.usize(1..=6_000_000)
+            };
+            let off = rng.usize(0..size - len);
+            let mut d = stream.alloc_zeros::<u8>(len).unwrap();
+            assert_eq!(f.read_into(&mut d, off as u64).await.unwrap(), len);
+            let back = stream.clone_dtoh(&d).unwrap();
+            assert!(
+                back == model[off..off + len],
+                "device read {len} at {off} differs"
+            );
+        }
+        // From device memory to the namespace, at an unaligned offset.
+        let data = pattern(3_000_001, 99);
+        let d = stream.clone_htod(&data).unwrap();
+        assert_eq!(f.write_from(&d, 12_345).await.unwrap(), data.len());
+        let mut back = vec![0u8; data.len()];
+        f.read_exact_at(&mut back[..], 12_345).await.unwrap();
         assert!(back == data);
     });
 }

@@ -1166,7 +1166,17 @@ impl Reactor {
             let ns = ns.clone();
             self.spdk
                 .get_or_insert_with(crate::spdk::lane::SpdkLane::new)
-                .submit(&ns, token as u64, kind, partial, buf, pos, len);
+                .submit(
+                    &ns,
+                    crate::spdk::lane::LaneIo {
+                        token: token as u64,
+                        kind,
+                        partial,
+                        buf,
+                        pos,
+                        len,
+                    },
+                );
             return;
         }
         let fd = match io.piece.via {

@@ -121,6 +121,18 @@ struct NsQueue {
     last_progress: Instant,
 }
 
+/// One I/O the reactor hands the lane: `len` bytes at namespace position `pos` through slot
+/// memory `buf` (null for a flush).
+pub(crate) struct LaneIo {
+    pub(crate) token: u64,
+    pub(crate) kind: IoKind,
+    /// A write that covers only part of its sectors (read-modify-write).
+    pub(crate) partial: bool,
+    pub(crate) buf: *mut u8,
+    pub(crate) pos: u64,
+    pub(crate) len: usize,
+}
+
 /// The reactor's SPDK lane.
 pub(crate) struct SpdkLane {
     queues: Slab<NsQueue>,
@@ -175,19 +187,17 @@ impl SpdkLane {
         })
     }
 
-    /// Starts one I/O of `len` bytes at `pos` on `ns` through slot memory `buf`. `partial`
-    /// marks a write that covers only part of one sector. The result arrives as a
-    /// [`Completion`] for `token` from [`reap`](Self::reap).
-    pub(crate) fn submit(
-        &mut self,
-        ns: &Arc<Namespace>,
-        token: u64,
-        kind: IoKind,
-        partial: bool,
-        buf: *mut u8,
-        pos: u64,
-        len: usize,
-    ) {
+    /// Starts `io` on `ns`. The result arrives as a [`Completion`] for `io.token` from
+    /// [`reap`](Self::reap).
+    pub(crate) fn submit(&mut self, ns: &Arc<Namespace>, io: LaneIo) {
+        let LaneIo {
+            token,
+            kind,
+            partial,
+            buf,
+            pos,
+            len,
+        } = io;
         let q = self.queue_of(ns);
         let stage = match kind {
             IoKind::Read => Stage::Read,
@@ -359,9 +369,7 @@ impl SpdkLane {
         let was_down = q.down.is_some();
         let attempt = if was_down {
             // The admin connection died with the target: reset reconnects it.
-            q.ns.ctrlr
-                .reset()
-                .and_then(|()| q.ns.ctrlr.alloc_qpair())
+            q.ns.ctrlr.reset().and_then(|()| q.ns.ctrlr.alloc_qpair())
         } else {
             q.ns.ctrlr.alloc_qpair()
         };

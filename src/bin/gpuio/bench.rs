@@ -817,7 +817,11 @@ async fn spdk_perf(
         .lines()
         .find(|l| l.trim_start().starts_with("Total"))
         .and_then(|l| l.split_once(':'))
-        .map(|(_, r)| r.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+        .map(|(_, r)| {
+            r.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
         .unwrap_or_default();
     let [iops, mibs, ..] = nums[..] else {
         return Err(format!("no Total line in SPDK perf's output: {}", text.trim()).into());

@@ -74,7 +74,29 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
         ),
     }
     report_gds(&path)?;
+    report_spdk();
     Ok(())
+}
+
+/// Whether NVMe namespaces can be opened through SPDK here, and what is missing if not.
+fn report_spdk() {
+    let p = gpuio::spdk::probe();
+    println!("SPDK (NVMe over PCIe or NVMe/TCP):");
+    match &p.library {
+        Ok((path, version)) => println!("  library: {version} at {path}"),
+        Err(why) => println!("  library: NOT USABLE ({why})"),
+    }
+    match p.hugepages {
+        Some((0, _)) | None => println!(
+            "  hugepages: none reserved -> SPDK cannot start (`scripts/spdk.sh hugepages`)"
+        ),
+        Some((total, free)) => println!("  hugepages: {total} x 2 MiB reserved, {free} free"),
+    }
+    if p.library.is_ok() {
+        println!(
+            "  open a namespace with Engine::open_nvme(TRID) or `gpuio bench --backend spdk --target TRID`"
+        );
+    }
 }
 
 /// The GPUDirect Storage verdict for `path`, in the spirit of NVIDIA's gdscheck: each piece
