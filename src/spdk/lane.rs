@@ -318,27 +318,14 @@ impl SpdkLane {
         // once, by the callback, or below when SPDK refuses the command.
         let rc = unsafe {
             match stage {
-                Stage::Read | Stage::RmwRead => (lib.spdk_nvme_ns_cmd_read)(
-                    ns,
-                    qp.raw(),
-                    buf.cast(),
-                    lba,
-                    count,
-                    on_complete,
-                    arg,
-                    0,
-                ),
-                Stage::Write | Stage::RmwWrite => (lib.spdk_nvme_ns_cmd_write)(
-                    ns,
-                    qp.raw(),
-                    buf.cast(),
-                    lba,
-                    count,
-                    on_complete,
-                    arg,
-                    0,
-                ),
                 Stage::Flush => (lib.spdk_nvme_ns_cmd_flush)(ns, qp.raw(), on_complete, arg),
+                _ => {
+                    let cmd = match stage {
+                        Stage::Read | Stage::RmwRead => lib.spdk_nvme_ns_cmd_read,
+                        _ => lib.spdk_nvme_ns_cmd_write,
+                    };
+                    cmd(ns, qp.raw(), buf.cast(), lba, count, on_complete, arg, 0)
+                }
             }
         };
         if rc != 0 {

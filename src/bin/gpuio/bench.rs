@@ -673,6 +673,24 @@ async fn measure(
     })
 }
 
+/// A peer's name for the point's workload (fio's and perf's agree) and its depth: a batch
+/// counts as its blocks.
+fn peer_workload(a: &BenchArgs, point: Point) -> (&'static str, usize) {
+    let rw = match (a.rw, a.pattern) {
+        (Rw::Read, Pattern::Seq) => "read",
+        (Rw::Read, _) => "randread",
+        (Rw::Write, Pattern::Seq) => "write",
+        (Rw::Write, _) => "randwrite",
+    };
+    let depth = point.qd
+        * if a.pattern == Pattern::Batch {
+            a.batch
+        } else {
+            1
+        };
+    (rw, depth)
+}
+
 fn fio_available() -> bool {
     std::process::Command::new("fio")
         .arg("--version")
@@ -689,18 +707,7 @@ async fn fio(
     path: &std::path::Path,
     span: u64,
 ) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
-    let rw = match (a.rw, a.pattern) {
-        (Rw::Read, Pattern::Seq) => "read",
-        (Rw::Read, _) => "randread",
-        (Rw::Write, Pattern::Seq) => "write",
-        (Rw::Write, _) => "randwrite",
-    };
-    let depth = point.qd
-        * if a.pattern == Pattern::Batch {
-            a.batch
-        } else {
-            1
-        };
+    let (rw, depth) = peer_workload(a, point);
     let args = vec![
         "--name=gpuio-peer".to_string(),
         format!("--filename={}", path.display()),
@@ -762,18 +769,7 @@ async fn spdk_perf(
     point: Point,
     bin: &std::path::Path,
 ) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
-    let rw = match (a.rw, a.pattern) {
-        (Rw::Read, Pattern::Seq) => "read",
-        (Rw::Read, _) => "randread",
-        (Rw::Write, Pattern::Seq) => "write",
-        (Rw::Write, _) => "randwrite",
-    };
-    let depth = point.qd
-        * if a.pattern == Pattern::Batch {
-            a.batch
-        } else {
-            1
-        };
+    let (rw, depth) = peer_workload(a, point);
     let trid = a.nvme.clone().unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let lib_dir = bin
