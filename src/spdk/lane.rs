@@ -83,7 +83,9 @@ unsafe extern "C" fn on_complete(arg: *mut c_void, cpl: *const RawCpl) {
     let cmd = unsafe { Box::from_raw(arg.cast::<Cmd>()) };
     // SAFETY: `cpl` is valid during the call (or null, treated as an abort).
     let (sct, sc) = unsafe { cpl.as_ref() }.map_or((0, 0x08), RawCpl::sct_sc);
-    DONE.with(|d| {
+    // `try_with`: a panic must not cross into C. Only on a thread already tearing down its
+    // thread-locals could it fail, and then nobody waits for the command any more.
+    let _ = DONE.try_with(|d| {
         let mut v = d.take();
         v.push((cmd, sct, sc));
         d.set(v);
@@ -139,6 +141,8 @@ pub(crate) struct SpdkLane {
     /// Completions decided without SPDK (end of namespace, submit errors).
     ready: Vec<Completion>,
     stall: Duration,
+    /// Queue keys to visit in one `reap` (kept to avoid an allocation per poll).
+    keys: Vec<usize>,
 }
 
 /// How long a down qpair waits before the next reconnect attempt.
@@ -155,6 +159,7 @@ impl SpdkLane {
             queues: Slab::new(),
             ready: Vec::new(),
             stall,
+            keys: Vec::new(),
         }
     }
 
@@ -475,8 +480,10 @@ impl SpdkLane {
     /// Polls every queue with commands outstanding, retries waiting commands, fails stalled or
     /// broken qpairs, and moves finished I/O into `out`.
     pub(crate) fn reap(&mut self, out: &mut Vec<Completion>) {
-        let keys: Vec<usize> = self.queues.iter().map(|(k, _)| k).collect();
-        for qi in keys {
+        let mut keys = std::mem::take(&mut self.keys);
+        keys.clear();
+        keys.extend(self.queues.iter().map(|(k, _)| k));
+        for &qi in &keys {
             let q = &mut self.queues[qi];
             if q.outstanding == 0 && q.waiting.is_empty() {
                 continue;
@@ -513,6 +520,7 @@ impl SpdkLane {
                 }
             }
         }
+        self.keys = keys;
         self.drop_unused();
         out.append(&mut self.ready);
     }
