@@ -378,6 +378,14 @@ impl Engine {
         self.inner.shared.dead.load(Ordering::SeqCst)
     }
 
+    /// Why the reactor died, if it did: its panic message or the kernel interface that
+    /// failed. `None` while it runs and after an orderly [`shutdown`](Self::shutdown). A dead
+    /// engine fails every pending and later operation with
+    /// [`Error::ReactorDied`](crate::Error::ReactorDied) carrying this reason; open a new one.
+    pub fn failure(&self) -> Option<&str> {
+        self.inner.shared.death.get().map(String::as_str)
+    }
+
     /// Opens NVMe namespace `trid` through SPDK as a [`File`]: an SPDK transport ID such as
     /// `trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1`
     /// or `trtype:PCIe traddr:0000:04:00.0`, optionally with `ns:N` (default: the first active
@@ -426,8 +434,11 @@ impl Engine {
         );
         match fut.await {
             Ok(_) => Ok(()),
-            // Already stopped: that is what was asked for.
-            Err(Error::Shutdown { .. }) => Ok(()),
+            // Already stopped: that is what was asked for, unless the reactor died.
+            Err(Error::Shutdown { ctx }) => match self.inner.shared.refusal(*ctx) {
+                Error::Shutdown { .. } => Ok(()),
+                died => Err(died),
+            },
             Err(e) => Err(e),
         }
     }

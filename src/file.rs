@@ -108,9 +108,11 @@ impl OpenOptions {
             .open(&path)
             .map_err(|e| {
                 if self.direct && e.raw_os_error() == Some(libc::EINVAL) {
+                    let fs = align::filesystem_name_of_path(&path)
+                        .unwrap_or_else(|_| "the filesystem".into());
                     Error::unsupported(
                         ctx(),
-                        "the filesystem refuses O_DIRECT; open without `direct`",
+                        format!("{fs} refuses O_DIRECT here; open without `direct`"),
                     )
                 } else {
                     Error::io(ctx(), e)
@@ -129,6 +131,15 @@ impl OpenOptions {
             return Err(Error::invalid(
                 ctx(),
                 format!("{what}: gpuio reads regular files and block devices"),
+            ));
+        }
+        if let Some(fs) = align::pseudo_filesystem(fd.as_fd()).map_err(|e| Error::io(ctx(), e))? {
+            return Err(Error::invalid(
+                ctx(),
+                format!(
+                    "a {fs} pseudo-file: its contents are generated on each read and have no \
+                     stable size, so gpuio cannot split it into parallel reads; use std::fs"
+                ),
             ));
         }
         clear_nonblock(&fd).map_err(|e| Error::io(ctx(), e))?;
@@ -507,7 +518,7 @@ impl File {
             }
         }
         if self.engine.is_shut_down() {
-            return Err(Error::shutdown(self.ctx(op, offset)));
+            return Err(self.engine.shared().refusal(self.ctx(op, offset)));
         }
         Ok(())
     }
@@ -744,7 +755,7 @@ impl File {
     /// Flushes data and metadata to stable storage (`fsync`).
     pub async fn sync_all(&self) -> Result<()> {
         if self.engine.is_shut_down() {
-            return Err(Error::shutdown(self.ctx(OpKind::Sync, 0)));
+            return Err(self.engine.shared().refusal(self.ctx(OpKind::Sync, 0)));
         }
         OpFuture::new(
             self.engine.shared().clone(),

@@ -188,3 +188,62 @@ async fn shutdown_with_io_in_flight_fails_it_cleanly() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pseudo_files_are_refused_naming_the_filesystem() {
+    for (name, engine) in engines() {
+        for (path, fs) in [
+            ("/proc/self/status", "proc"),
+            ("/proc/cpuinfo", "proc"),
+            ("/sys/kernel/mm/transparent_hugepage/enabled", "sysfs"),
+        ] {
+            if !std::path::Path::new(path).exists() {
+                skipped(format!("pseudo-file row: {path} does not exist here"));
+                continue;
+            }
+            let e = engine.open(path).unwrap_err();
+            assert!(matches!(e, Error::InvalidInput { .. }), "{name}: {e}");
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!("a {fs} pseudo-file")),
+                "{name}: {msg}"
+            );
+            assert!(msg.contains(path), "{name}: {msg}");
+        }
+    }
+}
+
+/// tmpfs takes O_DIRECT on Linux 6.6 and later; before that the open must fail naming tmpfs
+/// and O_DIRECT. Either way nothing is lost: where it opens, bytes round-trip exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tmpfs_with_direct_works_or_says_why() {
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        skipped("tmpfs + direct row: no /dev/shm on this machine");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).unwrap();
+    let (path, mut model) = test_file(dir.path(), "t", 300_000, 4);
+    for (name, engine) in engines() {
+        let f = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .direct(true)
+            .open(&engine, &path)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                assert!(matches!(e, Error::Unsupported { .. }), "{name}: {e}");
+                assert!(e.to_string().contains("tmpfs refuses O_DIRECT"), "{e}");
+                continue;
+            }
+        };
+        let src = pattern(12_345, 9);
+        assert_eq!(within(f.write_from(&src, 4097)).await.unwrap(), src.len());
+        model[4097..4097 + src.len()].copy_from_slice(&src);
+        let mut buf = vec![0u8; 100_001];
+        assert_eq!(within(f.read_into(&mut buf, 3)).await.unwrap(), buf.len());
+        assert_eq!(&buf[..], &model[3..100_004], "{name}");
+        assert_eq!(std::fs::read(&path).unwrap(), model, "{name}");
+    }
+}

@@ -147,6 +147,10 @@ pub(crate) enum Msg {
     /// (always behind a gate).
     #[cfg(feature = "cuda")]
     StreamIdle(Arc<OpShared>),
+    /// Tests only: panic at the next completion (with I/O in flight), to prove that a reactor
+    /// panic fails every pending future and leaves nothing hanging.
+    #[cfg(test)]
+    PanicAtNextCompletion,
 }
 
 impl Msg {
@@ -271,6 +275,8 @@ pub(crate) struct EngineShared {
     pub(crate) doorbell: Arc<Doorbell>,
     pub(crate) arena: Arc<BounceArena>,
     pub(crate) dead: AtomicBool,
+    /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
+    pub(crate) death: std::sync::OnceLock<String>,
 }
 
 impl EngineShared {
@@ -280,6 +286,19 @@ impl EngineShared {
             doorbell,
             arena,
             dead: AtomicBool::new(false),
+            death: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The error for an operation the stopped engine cannot take: [`Error::ReactorDied`] with
+    /// the reason where the reactor died, [`Error::Shutdown`] after an orderly stop.
+    pub(crate) fn refusal(&self, ctx: Context) -> Error {
+        match self.death.get() {
+            Some(reason) => Error::ReactorDied {
+                ctx: Box::new(ctx),
+                reason: reason.clone(),
+            },
+            None => Error::shutdown(ctx),
         }
     }
 
@@ -434,6 +453,8 @@ pub(crate) struct Reactor {
     gds_unavailable: Option<String>,
     /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
     spdk: Option<crate::spdk::lane::SpdkLane>,
+    #[cfg(test)]
+    panic_armed: bool,
 }
 
 /// How often the reactor reaps cuFile batch status while batch I/O is outstanding.
@@ -475,6 +496,8 @@ impl Reactor {
             #[cfg(feature = "cuda")]
             gds_unavailable: None,
             spdk: None,
+            #[cfg(test)]
+            panic_armed: false,
         }
     }
 
@@ -505,25 +528,48 @@ impl Reactor {
     /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
     pub(crate) fn run_to_end(mut self) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.run()));
+        let death = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("kernel interface failed: {e}")),
+            Err(panic) => Some(
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".to_string()),
+            ),
+        };
+        // The reason is recorded before the engine reads as stopped, so that every refusal
+        // from then on names it.
+        if let Some(reason) = &death {
+            let _ = self.engine.death.set(reason.clone());
+        }
         self.engine.dead.store(true, Ordering::SeqCst);
         self.engine.close();
-        match outcome {
-            Ok(Ok(())) => {
+        match death {
+            None => {
                 for w in self.shutdown_waiters.drain(..) {
                     w.complete(Ok(0));
                 }
             }
-            Ok(Err(e)) => self.die(format!("kernel interface failed: {e}")),
-            Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "panic".to_string());
-                self.die(reason);
+            Some(reason) => self.die(reason),
+        }
+        // Submissions that raced the close fail now, naming the death where there was one
+        // (SubmitMsg's Drop would say only "shut down").
+        while let Ok(msg) = self.rx.try_recv() {
+            if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
+                if let Some(s) = m.shared.take() {
+                    let mut ctx =
+                        Context::op(m.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
+                    if let Some(r) = &m.req {
+                        ctx = ctx.with_path(&r.file().path);
+                    }
+                    s.complete(Err(self.engine.refusal(ctx)));
+                }
+            } else {
+                drop(msg);
             }
         }
-        // Whatever is still queued is dropped with the receiver; SubmitMsg's Drop fails it.
     }
 
     fn die(&mut self, reason: String) {
@@ -837,6 +883,8 @@ impl Reactor {
             }
             #[cfg(feature = "cuda")]
             Msg::StreamIdle(shared) => shared.complete(Ok(0)),
+            #[cfg(test)]
+            Msg::PanicAtNextCompletion => self.panic_armed = true,
             Msg::Abandon(shared, pieces) => {
                 self.compromised = true;
                 let key = shared.key();
@@ -1225,6 +1273,10 @@ impl Reactor {
     }
 
     fn on_completion(&mut self, c: Completion) {
+        #[cfg(test)]
+        if self.panic_armed {
+            panic!("injected reactor panic (test)");
+        }
         let token = c.token as usize;
         let Some(io) = self.ios.get_mut(token) else {
             debug_assert!(false, "completion for unknown token {token}");
@@ -1425,5 +1477,74 @@ mod tests {
             3,
             "reactor took it over: nothing more kept"
         );
+    }
+
+    /// A panic in the reactor with reads in the kernel: every pending future fails with
+    /// `ReactorDied` naming the panic, nothing hangs, the engine reports itself dead and
+    /// refuses later work with the same reason.
+    #[test]
+    fn reactor_panic_fails_pending_ops_and_marks_the_engine_dead() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 8 << 20]).unwrap();
+        drop(f);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for backend in [crate::Backend::Uring, crate::Backend::Pread] {
+            let engine = match crate::Engine::builder()
+                .backend(backend)
+                .chunk_size(64 << 10)
+                .queue_depth(8)
+                .bounce_slots(16)
+                .build()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("SKIPPED {backend:?} in the reactor panic test: {e}");
+                    continue;
+                }
+            };
+            let file = engine.open(&path).unwrap();
+            rt.block_on(async {
+                let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
+                let mut futs: Vec<_> = bufs
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, b)| Box::pin(file.read_into(b, (i as u64 % 8) << 20)))
+                    .collect();
+                // First poll sends each submission; the panic message queues behind them.
+                for f in futs.iter_mut() {
+                    assert!(futures::poll!(f.as_mut()).is_pending());
+                }
+                engine.shared().send(Msg::PanicAtNextCompletion);
+                let results =
+                    tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(futs))
+                        .await
+                        .expect("futures hung after the reactor panicked");
+                for r in results {
+                    match r {
+                        Err(Error::ReactorDied { reason, .. }) => {
+                            assert!(reason.contains("injected reactor panic"), "{reason}")
+                        }
+                        other => panic!("{backend:?}: expected ReactorDied, got {other:?}"),
+                    }
+                }
+                assert!(engine.is_shut_down());
+                assert!(engine.failure().unwrap().contains("injected"));
+                let mut b = vec![0u8; 10];
+                let e = file.read_into(&mut b, 0).await.unwrap_err();
+                assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
+                assert!(e.to_string().contains("reactor thread died"), "{e}");
+                let e = file.sync_all().await.unwrap_err();
+                assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
+                let e = engine.shutdown().await.unwrap_err();
+                assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
+            });
+        }
     }
 }

@@ -120,15 +120,65 @@ pub(crate) fn file_type(fd: BorrowedFd<'_>) -> io::Result<u32> {
     Ok(u32::from(statx_fd(fd, libc::STATX_TYPE)?.stx_mode) & libc::S_IFMT)
 }
 
-/// The filesystem type behind `fd`, by name where known (`statfs` magic otherwise).
-pub fn filesystem_name(fd: BorrowedFd<'_>) -> io::Result<String> {
+/// `statfs` magic of the filesystem behind `fd`.
+fn filesystem_magic(fd: BorrowedFd<'_>) -> io::Result<u64> {
     // SAFETY: plain output struct.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: fd is live, st is valid for writes.
     if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    let magic = st.f_type as u64;
+    Ok(st.f_type as u64)
+}
+
+/// Filesystems whose files are generated on each read (no stable size, contents that change
+/// between two reads of the same offset): nothing gpuio can split into parallel pieces.
+const PSEUDO_FILESYSTEMS: &[(u64, &str)] = &[
+    (0x9FA0, "proc"),
+    (0x6265_6572, "sysfs"),
+    (0x6462_6720, "debugfs"),
+    (0x7472_6163, "tracefs"),
+    (0x7363_6673, "securityfs"),
+    (0x0027_E0EB, "cgroup"),
+    (0x6367_7270, "cgroup2"),
+    (0x6265_6570, "configfs"),
+    (0xCAFE_4A11, "bpf"),
+    (0xDE5E_81E4, "efivarfs"),
+];
+
+/// The name of the pseudo-filesystem behind `fd`, where it is one (`proc`, `sysfs`, ...).
+pub(crate) fn pseudo_filesystem(fd: BorrowedFd<'_>) -> io::Result<Option<&'static str>> {
+    let magic = filesystem_magic(fd)?;
+    Ok(PSEUDO_FILESYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| *name))
+}
+
+/// The filesystem type of `path` (which is not opened: it may be a FIFO), as
+/// [`filesystem_name`] names it.
+pub(crate) fn filesystem_name_of_path(path: &std::path::Path) -> io::Result<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: plain output struct.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a NUL-terminated path, st is valid for writes.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(name_of_magic(st.f_type as u64))
+}
+
+/// The filesystem type behind `fd`, by name where known (`statfs` magic otherwise).
+pub fn filesystem_name(fd: BorrowedFd<'_>) -> io::Result<String> {
+    Ok(name_of_magic(filesystem_magic(fd)?))
+}
+
+fn name_of_magic(magic: u64) -> String {
+    if let Some((_, name)) = PSEUDO_FILESYSTEMS.iter().find(|(m, _)| *m == magic) {
+        return name.to_string();
+    }
     let name = match magic {
         0xEF53 => "ext4",
         0x5846_5342 => "xfs",
@@ -144,9 +194,7 @@ pub fn filesystem_name(fd: BorrowedFd<'_>) -> io::Result<String> {
         0x5346_544E => "ntfs",
         0x4d44 => "vfat",
         0x1CD1 => "devpts",
-        0x6265_6572 => "sysfs",
-        0x9FA0 => "proc",
-        _ => return Ok(format!("unknown (statfs magic {magic:#x})")),
+        _ => return format!("unknown (statfs magic {magic:#x})"),
     };
-    Ok(name.to_string())
+    name.to_string()
 }
