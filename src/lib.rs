@@ -66,3 +66,11 @@ pub use file::StreamIo;
 pub use file::{File, OpenOptions};
 pub use reactor::read::ReadInto;
 pub use reactor::write::WriteFrom;
+
+/// Checks that the `cargo fuzz` targets in `fuzz/` run against the request planner (built only
+/// under `--cfg fuzzing`; not part of the API).
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::uring::plan::{check_read_plan, check_write_plan};
+}

@@ -402,3 +402,122 @@ fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
         stream.synchronize().unwrap();
     });
 }
+
+/// Device pointers at odd byte offsets (views into one allocation), read into and written
+/// from, through the bounce path and through AUTO (cuFile for O_DIRECT files where it
+/// registers): the bytes land exactly there and nowhere around them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misaligned_device_pointers() {
+    let Some(ctx) = gpu("misaligned_device_pointers") else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "m", 8 << 20, 21);
+    for backend in [gpuio::Backend::Uring, gpuio::Backend::Auto] {
+        let engine = Engine::builder().backend(backend).build().unwrap();
+        for (direct, f) in buffered_and_direct(&engine, &path) {
+            for (at, off, len) in [
+                (1usize, 0u64, 4096usize),
+                (3, 4095, 1 << 20),
+                (4095, 12_345, (3 << 20) + 7),
+                (4097, 0, 8 << 20),
+            ] {
+                let total = at + len + 4096;
+                let mut d = stream.alloc_zeros::<u8>(total).unwrap();
+                let n = {
+                    let mut view = d.slice_mut(at..at + len);
+                    f.read_into(&mut view, off).await.unwrap()
+                };
+                let want = pread_ref(&path, off, len);
+                assert_eq!(n, want.len(), "{backend:?} direct={direct} at {at}");
+                let got = d2h(&stream, &d);
+                assert!(
+                    got[..at].iter().all(|&b| b == 0),
+                    "{backend:?}: bytes before the view"
+                );
+                assert!(
+                    got[at..at + n] == want[..],
+                    "{backend:?} direct={direct} at {at}: data"
+                );
+                assert!(
+                    got[at + n..].iter().all(|&b| b == 0),
+                    "{backend:?}: bytes after the view"
+                );
+            }
+        }
+        // Writes from a misaligned view, read back with std.
+        let wpath = dir.path().join(format!("mw-{backend:?}"));
+        for direct in [false, true] {
+            std::fs::write(&wpath, vec![0u8; 4 << 20]).unwrap();
+            let w = match OpenOptions::new()
+                .read(true)
+                .write(true)
+                .direct(direct)
+                .open(&engine, &wpath)
+            {
+                Ok(w) => w,
+                Err(e) => {
+                    skipped(format!(
+                        "misaligned_device_pointers writes direct={direct}: {e}"
+                    ));
+                    continue;
+                }
+            };
+            let src = stream.clone_htod(&data[..3 << 20]).unwrap();
+            let view = src.slice(5..(2 << 20) + 5);
+            assert_eq!(w.write_from(&view, 777).await.unwrap(), 2 << 20);
+            w.sync_all().await.unwrap();
+            let back = std::fs::read(&wpath).unwrap();
+            assert!(
+                back[777..777 + (2 << 20)] == data[5..(2 << 20) + 5],
+                "{backend:?} direct={direct}"
+            );
+            assert!(back[..777].iter().all(|&b| b == 0));
+        }
+    }
+}
+
+/// Memory on another GPU than the one an engine served first: each transfer goes to the
+/// memory's own device (its own stream), through the bounce path where the cuFile staging
+/// pool lives on another GPU. Needs two GPUs; says so and skips otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_on_a_second_gpu() {
+    if gpu("memory_on_a_second_gpu").is_none() {
+        return;
+    }
+    let count = gpuio::cuda::probe().devices.len();
+    if count < 2 {
+        skipped(format!(
+            "memory_on_a_second_gpu: needs two GPUs, this machine has {count}"
+        ));
+        return;
+    }
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "two", 16 << 20, 31);
+    let engine = Engine::new().unwrap();
+    let ctxs = [
+        gpuio::cuda::context(0).unwrap(),
+        gpuio::cuda::context(1).unwrap(),
+    ];
+    for (direct, f) in buffered_and_direct(&engine, &path) {
+        for round in 0..4 {
+            let ctx = &ctxs[round % 2];
+            let stream = ctx.default_stream();
+            let mut d = stream.alloc_zeros::<u8>(5 << 20).unwrap();
+            let off = 1000 * round as u64 + 3;
+            let n = f.read_into(&mut d, off).await.unwrap();
+            assert_eq!(n, 5 << 20);
+            assert!(
+                d2h(&stream, &d)[..] == data[off as usize..off as usize + n],
+                "direct={direct} GPU {}",
+                round % 2
+            );
+            eprintln!(
+                "memory_on_a_second_gpu: direct={direct} GPU {} via {}",
+                round % 2,
+                f.gds_status()
+            );
+        }
+    }
+}

@@ -1138,6 +1138,31 @@ impl Reactor {
                         Some(s)
                     }
                     None => {
+                        let fits = if on_device {
+                            #[cfg(feature = "cuda")]
+                            {
+                                self.gds
+                                    .as_ref()
+                                    .is_none_or(|l| l.slots.order_for(piece.len).is_some())
+                            }
+                            #[cfg(not(feature = "cuda"))]
+                            true
+                        } else {
+                            self.slots.order_for(piece.len).is_some()
+                        };
+                        if !fits {
+                            // Waiting would never end: no slot of this size exists. The
+                            // planner never makes such pieces (its fuzz target checks that);
+                            // if one ever appears, fail the op rather than hang.
+                            op.error = Some(Error::invalid(
+                                op.ctx(piece.pos),
+                                format!(
+                                    "a {}-byte piece exceeds the largest bounce slot",
+                                    piece.len
+                                ),
+                            ));
+                            continue;
+                        }
                         starved = true;
                         break;
                     }

@@ -134,9 +134,19 @@ impl WritePlan {
         let mid_start = offset.next_multiple_of(align).min(end);
         let mid_end = (end - end % align).max(mid_start);
         let (head, tail, mid_start, mid_end) = if mid_start >= mid_end {
-            // No aligned block inside: the whole range is one buffered edge.
-            let whole = (len > 0).then_some((offset, len as usize));
-            (whole, None, offset, offset)
+            // No whole block inside: buffered edges only, split where the range crosses a
+            // block boundary so that each lies in one block (and fits a chunk-sized slot even
+            // when the chunk is a single block).
+            let boundary = offset.next_multiple_of(align);
+            if len == 0 {
+                (None, None, offset, offset)
+            } else if boundary > offset && boundary < end {
+                let head = (offset, (boundary - offset) as usize);
+                let tail = (boundary, (end - boundary) as usize);
+                (Some(head), Some(tail), boundary, boundary)
+            } else {
+                (Some((offset, len as usize)), None, offset, offset)
+            }
         } else {
             let head = (mid_start > offset).then(|| (offset, (mid_start - offset) as usize));
             let tail = (end > mid_end).then(|| (mid_end, (end - mid_end) as usize));
@@ -190,6 +200,158 @@ impl WritePlan {
             via: Via::Buffered,
         }
     }
+}
+
+/// Pieces checked one by one; beyond this the first and last ones are checked and the count
+/// is checked by arithmetic, so that huge ranges cost the checker no more than small ones.
+#[cfg(any(test, fuzzing))]
+const CHECK_ALL_UP_TO: usize = 1 << 12;
+
+/// The piece indices the checkers look at: all of them, or the first and last few.
+#[cfg(any(test, fuzzing))]
+fn checked_indices(n: usize) -> Vec<usize> {
+    if n <= CHECK_ALL_UP_TO {
+        (0..n).collect()
+    } else {
+        (0..64).chain(n - 64..n).collect()
+    }
+}
+
+/// Checks a read plan against what the reactor relies on: errors exactly when the range
+/// overflows or the alignment is not a power of two; otherwise pieces that tile the aligned
+/// envelope of `[offset, offset + len)` (widened by less than one block each side) in order,
+/// without gaps or overlaps, each aligned in position and length and no longer than the
+/// chunk a bounce slot holds. Used by the tests and the `plan` fuzz target.
+#[cfg(any(test, fuzzing))]
+pub fn check_read_plan(offset: u64, len: u64, align: u64, chunk: usize) -> Result<(), String> {
+    let plan = ReadPlan::new(offset, len, align, chunk);
+    if !align.is_power_of_two() {
+        return match plan {
+            Err(PlanError::Alignment(a)) if a == align => Ok(()),
+            other => Err(format!("alignment {align} accepted: {other:?}")),
+        };
+    }
+    let envelope_end = offset
+        .checked_add(len)
+        .and_then(|e| e.checked_next_multiple_of(align))
+        .filter(|&e| e <= MAX_POS);
+    let (plan, end) = match (plan, envelope_end) {
+        (Err(PlanError::Overflow), None) => return Ok(()),
+        (Ok(p), Some(e)) => (p, e),
+        (other, _) => return Err(format!("overflow check wrong: {other:?}")),
+    };
+    let slot = chunk.max(align as usize);
+    if len == 0 {
+        return match plan.len() {
+            0 => Ok(()),
+            n => Err(format!("empty read planned as {n} pieces")),
+        };
+    }
+    let start = offset - offset % align;
+    let n = plan.len();
+    let eff = plan.chunk as u64;
+    if eff % align != 0 || eff > slot as u64 || eff == 0 {
+        return Err(format!("chunk {eff} for align {align}, chunk {chunk}"));
+    }
+    if n as u64 != (end - start).div_ceil(eff) {
+        return Err(format!("{n} pieces for {} bytes of {eff}", end - start));
+    }
+    let mut prev: Option<Piece> = None;
+    for i in checked_indices(n) {
+        let p = plan.piece(i);
+        let want_pos = start + i as u64 * eff;
+        if p.pos != want_pos || p.via != Via::Main {
+            return Err(format!("piece {i} {p:?}, expected at {want_pos}"));
+        }
+        if p.pos % align != 0 || p.len as u64 % align != 0 || p.len == 0 || p.len > slot {
+            return Err(format!(
+                "piece {i} {p:?} misaligned or sized wrong (slot {slot})"
+            ));
+        }
+        if let Some(q) = prev.filter(|_| i > 0) {
+            if q.pos + q.len as u64 > p.pos {
+                return Err(format!("pieces overlap: {q:?} {p:?}"));
+            }
+        }
+        if i == n - 1 && p.pos + p.len as u64 != end {
+            return Err(format!("last piece {p:?} does not end at {end}"));
+        }
+        prev = Some(p);
+    }
+    Ok(())
+}
+
+/// Checks a write plan: errors exactly when the range overflows or the alignment is not a
+/// power of two; otherwise pieces that cover exactly `[offset, offset + len)` once, in order;
+/// direct (`Main`) pieces aligned in position and length; buffered pieces only where
+/// `align > 1`, only first or last, each shorter than one block (so no block is written both
+/// ways); every piece no longer than the chunk a bounce slot holds.
+#[cfg(any(test, fuzzing))]
+pub fn check_write_plan(offset: u64, len: u64, align: u64, chunk: usize) -> Result<(), String> {
+    let plan = WritePlan::new(offset, len, align, chunk);
+    if !align.is_power_of_two() {
+        return match plan {
+            Err(PlanError::Alignment(a)) if a == align => Ok(()),
+            other => Err(format!("alignment {align} accepted: {other:?}")),
+        };
+    }
+    let end = offset.checked_add(len).filter(|&e| e <= MAX_POS);
+    let (plan, end) = match (plan, end) {
+        (Err(PlanError::Overflow), None) => return Ok(()),
+        (Ok(p), Some(e)) => (p, e),
+        (other, _) => return Err(format!("overflow check wrong: {other:?}")),
+    };
+    let slot = chunk.max(align as usize);
+    let n = plan.len();
+    if len == 0 {
+        return match n {
+            0 => Ok(()),
+            n => Err(format!("empty write planned as {n} pieces")),
+        };
+    }
+    let all = n <= CHECK_ALL_UP_TO;
+    let mut covered = 0u64;
+    let mut prev: Option<Piece> = None;
+    for i in checked_indices(n) {
+        let p = plan.piece(i);
+        if p.len == 0 || p.len > slot {
+            return Err(format!("piece {i} {p:?} sized wrong (slot {slot})"));
+        }
+        match p.via {
+            Via::Main if p.pos % align != 0 || p.len as u64 % align != 0 => {
+                return Err(format!("direct piece {i} {p:?} misaligned for {align}"));
+            }
+            Via::Buffered if align == 1 => {
+                return Err(format!("buffered piece {i} {p:?} without alignment"));
+            }
+            Via::Buffered if p.len as u64 >= align || (i != 0 && i != n - 1) => {
+                return Err(format!("buffered piece {i} {p:?} of {n} for align {align}"));
+            }
+            Via::Buffered if p.pos / align != (p.pos + p.len as u64 - 1) / align => {
+                return Err(format!("buffered piece {i} {p:?} straddles a block"));
+            }
+            _ => {}
+        }
+        match prev {
+            Some(q) if i > 0 && all && q.pos + q.len as u64 != p.pos => {
+                return Err(format!("gap or overlap between {q:?} and {p:?}"));
+            }
+            Some(q) if i > 0 && q.pos + q.len as u64 > p.pos => {
+                return Err(format!("overlap between {q:?} and {p:?}"));
+            }
+            None if p.pos != offset => return Err(format!("first piece {p:?} not at {offset}")),
+            _ => {}
+        }
+        if i == n - 1 && p.pos + p.len as u64 != end {
+            return Err(format!("last piece {p:?} does not end at {end}"));
+        }
+        covered += p.len as u64;
+        prev = Some(p);
+    }
+    if all && covered != len {
+        return Err(format!("{covered} bytes covered of {len}"));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -265,46 +427,36 @@ mod tests {
         assert!(write_pieces(10, 0, 4096, 4096).is_empty());
     }
 
-    /// Every byte of the request is covered exactly once (writes) or at least once and only
-    /// within the aligned envelope (reads), for many random shapes.
+    /// The checkers the fuzz target uses, on many random shapes (including chunks no larger
+    /// than the alignment, where a whole-buffered write once exceeded its slot).
     #[test]
-    fn random_plans_cover_exactly() {
+    fn random_plans_pass_the_checkers() {
         let mut rng = fastrand::Rng::with_seed(3);
-        for _ in 0..5000 {
-            let align = 1u64 << rng.u32(0..13);
-            let chunk = rng.usize(1..200_000);
-            let off = rng.u64(0..100_000);
-            let len = rng.u64(0..300_000);
-            let end = off + len;
-
-            let w = write_pieces(off, len, align, chunk);
-            let mut cur = off;
-            for p in &w {
-                assert_eq!(p.pos, cur, "gap or overlap in write plan");
-                if p.via == Via::Main {
-                    assert_eq!(p.pos % align, 0);
-                    assert_eq!(p.len as u64 % align, 0);
-                }
-                assert!(p.len > 0);
-                cur += p.len as u64;
-            }
-            assert_eq!(cur, end);
-
-            let r = read_pieces(off, len, align, chunk);
-            if len == 0 {
-                assert!(r.is_empty());
-                continue;
-            }
-            let mut cur = r[0].pos;
-            assert!(cur <= off && off - cur < align);
-            for p in &r {
-                assert_eq!(p.pos, cur);
-                assert_eq!(p.pos % align, 0);
-                assert_eq!(p.len as u64 % align, 0);
-                assert!(p.len <= chunk.max(align as usize));
-                cur += p.len as u64;
-            }
-            assert!(cur >= end && cur - end < align);
+        for i in 0..200_000 {
+            let align = 1u64 << rng.u32(0..14);
+            let chunk = match i % 3 {
+                0 => rng.usize(1..200_000),
+                1 => align as usize * rng.usize(1..4),
+                _ => 4096 << rng.u32(0..6),
+            };
+            let off = match i % 4 {
+                0 => rng.u64(..),
+                1 => MAX_POS - rng.u64(0..1 << 20),
+                _ => rng.u64(0..100_000),
+            };
+            let len = match i % 5 {
+                0 => rng.u64(..),
+                _ => rng.u64(0..300_000),
+            };
+            check_read_plan(off, len, align, chunk)
+                .unwrap_or_else(|e| panic!("read {off} {len} {align} {chunk}: {e}"));
+            check_write_plan(off, len, align, chunk)
+                .unwrap_or_else(|e| panic!("write {off} {len} {align} {chunk}: {e}"));
+        }
+        // A few non-powers of two.
+        for align in [0, 3, 4095, 6000] {
+            check_read_plan(0, 10, align, 4096).unwrap();
+            check_write_plan(0, 10, align, 4096).unwrap();
         }
     }
 }

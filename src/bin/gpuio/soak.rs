@@ -1,16 +1,33 @@
 //! `gpuio soak`: mixed reads and writes of random sizes at random offsets, on every backend
-//! and open mode this machine has, checked against an in-memory model of the file; some reads
-//! are dropped mid-flight. Reports ops, bytes, errors and mismatches; any error or mismatch
-//! makes the command fail.
+//! and open mode this machine has (and NVMe namespaces through SPDK with `--nvme`), checked
+//! against an in-memory model; a share of reads and writes is dropped or leaked mid-flight.
+//! Reports ops, bytes, errors and mismatches; any error or mismatch makes the command fail.
+//!
+//! With many tasks and regions (`--tasks 2048 --regions 4096`) it is the cancellation storm:
+//! thousands of operations in flight at once, many abandoned at random points.
+//!
+//! What is checked:
+//! - every completed read equals the model (reads share a region; writes take it alone);
+//! - a dropped or leaked read never writes its buffer after the drop (the buffer is scribbled
+//!   right after and must keep the scribble; device buffers are scribbled on their stream);
+//! - a dropped or leaked write never reads its source after the drop: such writes go to
+//!   scratch regions with bytes 0x01..=0x7F, the source is then filled with 0xFF, and no 0xFF
+//!   may ever reach the file;
+//! - at the end, with every engine shut down, the file (read with std) or the namespace (read
+//!   by a fresh engine) equals the model, scratch regions hold no 0xFF.
+//!
+//! Leaked operations keep their bounce slots by contract, so leaks stop at a budget of an
+//! eighth of each engine's pool (later would-be leaks are drops) and the engines keep serving.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use gpuio::cuda::cudarc::driver::CudaStream;
 use gpuio::{Backend, Engine, File, OpenOptions};
-use tokio::sync::Mutex;
+use tokio::sync::RwLock;
 
 use crate::CliResult;
 use crate::bench::Target;
@@ -24,12 +41,15 @@ pub struct SoakArgs {
     /// Directory for the soak file (default: the system temp dir).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Size of the soak file.
+    /// Size of the soak file (and of the part of an NVMe namespace used).
     #[arg(long, default_value = "256M")]
     size: ByteSize,
-    /// Concurrent tasks.
+    /// Concurrent tasks (thousands make a cancellation storm).
     #[arg(long, default_value_t = 32)]
     tasks: usize,
+    /// Regions the file is cut into; a write holds its region alone, reads share it.
+    #[arg(long, default_value_t = 64)]
+    regions: usize,
     /// Largest request.
     #[arg(long, default_value = "2M")]
     max_len: ByteSize,
@@ -39,22 +59,48 @@ pub struct SoakArgs {
     /// Backends to use (default: uring and pread; with a GPU, auto too).
     #[arg(long, value_delimiter = ',')]
     backend: Vec<Backend>,
-    /// Percent of reads dropped mid-flight.
+    /// Percent of operations dropped mid-flight.
     #[arg(long, default_value_t = 10)]
     drop_percent: u8,
+    /// Percent of operations leaked (`mem::forget`) mid-flight, within each engine's budget.
+    #[arg(long, default_value_t = 1)]
+    leak_percent: u8,
     /// Open modes: buffered, direct, or both.
     #[arg(long, value_delimiter = ',', default_value = "buffered,direct")]
     modes: Vec<String>,
+    /// Also soak this NVMe namespace through SPDK (a transport ID; its first --size bytes are
+    /// overwritten).
+    #[arg(long)]
+    nvme: Option<String>,
     /// Seed of the random choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
 }
 
-/// The file's expected bytes, one lock per region so a write and the reads that check it
-/// never overlap.
+/// Bytes a cancelled write writes: never 0xFF, which the source turns into after the cancel.
+const SCRATCH_MAX: u8 = 0x7F;
+const SCRIBBLE: u8 = 0xFF;
+
+/// The expected bytes of one file or namespace, a lock per region. The last regions are
+/// scratch: only cancelled writes go there, and only "no 0xFF" is known of them.
 struct Model {
-    regions: Vec<Mutex<Vec<u8>>>,
+    regions: Vec<RwLock<Vec<u8>>>,
     region_len: usize,
+    scratch_from: usize,
+}
+
+/// A file or namespace under soak with the handles that reach it.
+struct SoakTarget {
+    name: String,
+    model: Model,
+    handles: Vec<Handle>,
+}
+
+struct Handle {
+    name: String,
+    file: File,
+    /// Bytes this handle's engine may still leak.
+    leak_budget: Arc<AtomicI64>,
 }
 
 /// What one task is doing and since when.
@@ -65,18 +111,26 @@ struct Counters {
     reads: AtomicU64,
     writes: AtomicU64,
     dropped: AtomicU64,
+    leaked: AtomicU64,
     bytes: AtomicU64,
     errors: AtomicU64,
     mismatches: AtomicU64,
 }
 
 pub async fn run(a: SoakArgs) -> CliResult {
-    const REGIONS: usize = 64;
     let size = a.size.0 as usize;
-    let region_len = (size / REGIONS).max(4096) / 4096 * 4096;
-    if a.tasks == 0 || a.max_len.0 == 0 || !a.minutes.is_finite() || a.minutes <= 0.0 {
-        return Err("--tasks, --max-len and --minutes must be positive".into());
+    if a.tasks == 0
+        || a.regions == 0
+        || a.max_len.0 == 0
+        || !a.minutes.is_finite()
+        || a.minutes <= 0.0
+    {
+        return Err("--tasks, --regions, --max-len and --minutes must be positive".into());
     }
+    if a.drop_percent as u32 + a.leak_percent as u32 > 100 {
+        return Err("--drop-percent + --leak-percent must be at most 100".into());
+    }
+    let region_len = (size / a.regions).max(4096) / 4096 * 4096;
     let max_len = (a.max_len.0 as usize).min(region_len);
     let cuda = a.to.cuda()?;
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
@@ -84,32 +138,22 @@ pub async fn run(a: SoakArgs) -> CliResult {
         .prefix("gpuio-soak")
         .tempfile_in(&dir)?;
     let path = tmp.path().to_path_buf();
-
-    // Start from random contents, written with std so the model starts from known bytes.
     let mut rng = fastrand::Rng::with_seed(a.seed);
-    let mut regions = Vec::with_capacity(REGIONS);
-    for _ in 0..REGIONS {
-        let mut r = vec![0u8; region_len];
-        rng.fill(&mut r);
-        regions.push(r);
-    }
-    std::fs::write(&path, regions.concat())?;
-    let model = Arc::new(Model {
-        regions: regions.into_iter().map(Mutex::new).collect(),
-        region_len,
-    });
 
-    // Every backend and open mode this machine offers.
-    let mut handles: Vec<(String, File)> = Vec::new();
-    // With a GPU, AUTO too: it reads O_DIRECT files into device memory through cuFile where
-    // cuFile registers them.
+    // The file: random contents written with std, so the model starts from known bytes.
+    let model = new_model(&mut rng, a.regions, region_len);
+    std::fs::write(&path, model_bytes(&model).await)?;
     let mut backends = a.backend.clone();
     if backends.is_empty() {
         backends = vec![Backend::Uring, Backend::Pread];
         if cuda.is_some() {
+            // With a GPU, AUTO too: O_DIRECT files go into device memory through cuFile
+            // where cuFile registers them.
             backends.push(Backend::Auto);
         }
     }
+    let mut engines = Vec::new();
+    let mut handles = Vec::new();
     for backend in backends {
         let engine = match Engine::builder().backend(backend).build() {
             Ok(e) => e,
@@ -118,116 +162,87 @@ pub async fn run(a: SoakArgs) -> CliResult {
                 continue;
             }
         };
-        handles.push((
-            format!("{backend} buffered"),
-            rw_open(&engine, &path, false)?,
-        ));
-        match rw_open(&engine, &path, true) {
-            Ok(f) => handles.push((format!("{backend} O_DIRECT"), f)),
-            Err(e) => println!("skipping {backend} O_DIRECT: {e}"),
+        let budget = leak_budget(&engine);
+        for mode in &a.modes {
+            let direct = match mode.as_str() {
+                "buffered" => false,
+                "direct" => true,
+                other => return Err(format!("--modes: {other:?} is not buffered or direct").into()),
+            };
+            match rw_open(&engine, &path, direct) {
+                Ok(file) => handles.push(Handle {
+                    name: format!("{backend} {}", if direct { "O_DIRECT" } else { "buffered" }),
+                    file,
+                    leak_budget: budget.clone(),
+                }),
+                Err(e) => println!("skipping {backend} {mode}: {e}"),
+            }
         }
+        engines.push(engine);
+    }
+    let mut targets = vec![SoakTarget {
+        name: path.display().to_string(),
+        model,
+        handles,
+    }];
+    if let Some(trid) = &a.nvme {
+        targets.push(nvme_target(trid, &mut rng, a.regions, region_len, &mut engines).await?);
+    }
+    targets.retain(|t| !t.handles.is_empty());
+    if targets.is_empty() {
+        return Err("no backend and open mode to soak".into());
     }
     println!(
-        "soak: {} for {:.1} min, {} tasks, requests up to {}, reads into {}, over: {}",
-        fmt_bytes(size as u64),
+        "soak: {} regions of {} for {:.1} min, {} tasks, requests up to {}, reads into {}, \
+         {}% dropped, {}% leaked, over: {}",
+        a.regions,
+        fmt_bytes(region_len as u64),
         a.minutes,
         a.tasks,
         fmt_bytes(max_len as u64),
         a.to,
-        handles
+        a.drop_percent,
+        a.leak_percent,
+        targets
             .iter()
-            .map(|(n, _)| n.as_str())
+            .flat_map(|t| t.handles.iter().map(|h| h.name.as_str()))
             .collect::<Vec<_>>()
             .join(", ")
     );
-    if handles.is_empty() {
-        return Err("no backend and open mode to soak".into());
-    }
-    let handles = Arc::new(handles);
+    let targets = Arc::new(targets);
+    // A few CUDA streams shared by all tasks (thousands of streams would cost more than the
+    // I/O they carry).
+    let streams: Vec<Arc<CudaStream>> = match &cuda {
+        Some(ctx) => (0..16)
+            .map(|_| ctx.new_stream())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("CUDA stream: {e:?}"))?,
+        None => Vec::new(),
+    };
+    let streams = Arc::new(streams);
     // What each task is doing, so a stuck operation can be named.
     let doing: Arc<Vec<TaskState>> =
         Arc::new((0..a.tasks).map(|_| std::sync::Mutex::new(None)).collect());
     let counters = Arc::new(Counters::default());
     let deadline = Instant::now() + Duration::from_secs_f64(a.minutes * 60.0);
+    let plan = TaskPlan {
+        max_len,
+        drop_percent: a.drop_percent,
+        leak_percent: a.leak_percent,
+        deadline,
+    };
     let mut tasks = Vec::new();
     for t in 0..a.tasks {
-        let (model, handles, counters, cuda, doing) = (
-            model.clone(),
-            handles.clone(),
+        let (targets, counters, streams, doing) = (
+            targets.clone(),
             counters.clone(),
-            cuda.clone(),
+            streams.clone(),
             doing.clone(),
         );
-        let mut rng = fastrand::Rng::with_seed(a.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9));
-        let drop_percent = a.drop_percent;
+        let rng = fastrand::Rng::with_seed(a.seed ^ (t as u64 + 1).wrapping_mul(0x9e37_79b9));
+        let stream = (!streams.is_empty()).then(|| streams[t % streams.len()].clone());
         tasks.push(tokio::spawn(async move {
-            let stream = match &cuda {
-                Some(ctx) => Some(
-                    ctx.new_stream()
-                        .map_err(|e| format!("CUDA stream: {e:?}"))?,
-                ),
-                None => None,
-            };
-            while Instant::now() < deadline {
-                let (name, file) = &handles[rng.usize(0..handles.len())];
-                let r = rng.usize(0..model.regions.len());
-                let len = rng.usize(1..=max_len);
-                let within = rng.usize(0..=model.region_len - len);
-                let off = (r * model.region_len + within) as u64;
-                let what = if rng.u8(0..3) == 0 { "write" } else { "read" };
-                if let Ok(mut d) = doing[t].lock() {
-                    *d = Some((format!("{name}: waiting for region {r}"), Instant::now()));
-                }
-                let mut expect = model.regions[r].lock().await;
-                if let Ok(mut d) = doing[t].lock() {
-                    *d = Some((format!("{name}: {what} {off}+{len}"), Instant::now()));
-                }
-                let outcome = if what == "write" {
-                    let mut data = vec![0u8; len];
-                    rng.fill(&mut data);
-                    match file.write_from(&data, off).await {
-                        Ok(n) if n == len => {
-                            expect[within..within + len].copy_from_slice(&data);
-                            counters.writes.fetch_add(1, Ordering::Relaxed);
-                            Ok(len)
-                        }
-                        Ok(n) => Err(format!("short write: {n} of {len}")),
-                        Err(e) => Err(e.to_string()),
-                    }
-                } else if rng.u8(0..100) < drop_percent {
-                    counters.dropped.fetch_add(1, Ordering::Relaxed);
-                    if drop_mid_flight(file, len, off).await {
-                        Ok(0)
-                    } else {
-                        counters.mismatches.fetch_add(1, Ordering::Relaxed);
-                        Err("MISMATCH: a dropped read wrote its buffer afterwards".to_string())
-                    }
-                } else {
-                    let got = read(file, stream.as_ref(), len, off).await;
-                    match got {
-                        Ok(b) if b[..] == expect[within..within + len] => {
-                            counters.reads.fetch_add(1, Ordering::Relaxed);
-                            Ok(len)
-                        }
-                        Ok(_) => {
-                            counters.mismatches.fetch_add(1, Ordering::Relaxed);
-                            Err("MISMATCH: read bytes differ from the model".to_string())
-                        }
-                        Err(e) => Err(e),
-                    }
-                };
-                drop(expect);
-                match outcome {
-                    Ok(moved) => {
-                        counters.bytes.fetch_add(moved as u64, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        counters.errors.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("{name}: {what} {off}+{len}: {e}");
-                    }
-                }
-            }
-            Ok::<(), String>(())
+            soak_task(t, rng, plan, &targets, stream, &counters, &doing).await
         }));
     }
     let start = Instant::now();
@@ -238,33 +253,69 @@ pub async fn run(a: SoakArgs) -> CliResult {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
                 println!("{}", report(&counters, start.elapsed()));
-                for (t, d) in doing.iter().enumerate() {
-                    if let Ok(d) = d.lock() {
-                        if let Some((what, since)) = d.as_ref().filter(|(w, s)| {
-                            !w.contains("waiting for region")
-                                && s.elapsed() > Duration::from_secs(5)
-                        }) {
-                            println!(
-                                "  task {t} stuck for {:.0} s in {what}",
+                let stuck: Vec<String> = doing
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(t, d)| {
+                        let d = d.lock().ok()?;
+                        let (what, since) = d.as_ref()?;
+                        (!what.contains("waiting for region")
+                            && since.elapsed() > Duration::from_secs(5))
+                        .then(|| {
+                            format!(
+                                "task {t} stuck for {:.0} s in {what}",
                                 since.elapsed().as_secs_f64()
-                            );
-                        }
-                    }
+                            )
+                        })
+                    })
+                    .collect();
+                for s in stuck.iter().take(10) {
+                    println!("  {s}");
+                }
+                if stuck.len() > 10 {
+                    println!("  ... and {} more", stuck.len() - 10);
                 }
             }
         })
     };
     for t in tasks {
-        t.await?.map_err(|e| format!("soak task: {e}"))?;
+        t.await?;
     }
     ticker.abort();
-    // Last word: the file itself, read with std, equals the model.
-    let on_disk = std::fs::read(&path)?;
-    for (i, r) in model.regions.iter().enumerate() {
-        let want = r.lock().await;
-        if on_disk[i * region_len..(i + 1) * region_len] != want[..] {
-            counters.mismatches.fetch_add(1, Ordering::Relaxed);
-            eprintln!("MISMATCH: region {i} on disk differs from the model");
+    // Stop every engine: whatever cancelled work was still in flight lands (or not) now.
+    for e in &engines {
+        e.shutdown().await?;
+    }
+    // Last word: the file read with std, the namespace read by a fresh engine.
+    for t in targets.iter() {
+        let on_disk = if t.handles[0].file.is_nvme() {
+            let fresh = Engine::new()?;
+            let f = fresh.open_nvme(a.nvme.as_deref().unwrap_or_default())?;
+            let mut b = vec![0u8; t.model.regions.len() * region_len];
+            let n = f.read_into(&mut b, 0).await?;
+            if n != b.len() {
+                return Err(format!("{}: read back {n} of {} bytes", t.name, b.len()).into());
+            }
+            fresh.shutdown().await?;
+            b
+        } else {
+            std::fs::read(&path)?
+        };
+        for (i, r) in t.model.regions.iter().enumerate() {
+            let want = r.read().await;
+            let got = &on_disk[i * region_len..(i + 1) * region_len];
+            let bad = if i >= t.model.scratch_from {
+                got.contains(&SCRIBBLE)
+            } else {
+                got != &want[..]
+            };
+            if bad {
+                counters.mismatches.fetch_add(1, Ordering::Relaxed);
+                eprintln!(
+                    "MISMATCH: {}: region {i} at the end differs from the model",
+                    t.name
+                );
+            }
         }
     }
     println!("{}", report(&counters, start.elapsed()));
@@ -272,8 +323,220 @@ pub async fn run(a: SoakArgs) -> CliResult {
     if bad > 0 {
         return Err(format!("soak failed: {bad} errors or mismatches").into());
     }
-    println!("soak passed: every read and the final file matched the model");
+    println!("soak passed: every read and the final contents matched the model");
     Ok(())
+}
+
+/// What every task does.
+#[derive(Clone, Copy)]
+struct TaskPlan {
+    max_len: usize,
+    drop_percent: u8,
+    leak_percent: u8,
+    deadline: Instant,
+}
+
+/// How an operation ends.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Complete,
+    Drop,
+    Leak,
+}
+
+async fn soak_task(
+    t: usize,
+    mut rng: fastrand::Rng,
+    plan: TaskPlan,
+    targets: &[SoakTarget],
+    stream: Option<Arc<CudaStream>>,
+    counters: &Counters,
+    doing: &[TaskState],
+) {
+    let set_doing = |what: String| {
+        if let Ok(mut d) = doing[t].lock() {
+            *d = Some((what, Instant::now()));
+        }
+    };
+    while Instant::now() < plan.deadline {
+        let target = &targets[rng.usize(0..targets.len())];
+        let h = &target.handles[rng.usize(0..target.handles.len())];
+        let model = &target.model;
+        let r = rng.usize(0..model.regions.len());
+        let len = rng.usize(1..=plan.max_len);
+        let within = rng.usize(0..=model.region_len - len);
+        let off = (r * model.region_len + within) as u64;
+        let scratch = r >= model.scratch_from;
+        let write = scratch || rng.u8(0..3) == 0;
+        let roll = rng.u8(0..100);
+        let mut fate = if scratch && write {
+            // Scratch regions take only cancelled writes.
+            if roll < 50 { Fate::Drop } else { Fate::Leak }
+        } else if write {
+            // Writes to checked regions complete; cancelled writes go to scratch regions.
+            Fate::Complete
+        } else if roll < plan.drop_percent {
+            Fate::Drop
+        } else if roll < plan.drop_percent + plan.leak_percent {
+            Fate::Leak
+        } else {
+            Fate::Complete
+        };
+        if fate == Fate::Leak && !take_leak(&h.leak_budget, len) {
+            fate = Fate::Drop;
+        }
+        let what = match (write, fate) {
+            (true, Fate::Complete) => "write",
+            (true, Fate::Drop) => "dropped write",
+            (true, Fate::Leak) => "leaked write",
+            (false, Fate::Complete) => "read",
+            (false, Fate::Drop) => "dropped read",
+            (false, Fate::Leak) => "leaked read",
+        };
+        set_doing(format!("{}: waiting for region {r}", h.name));
+        // Cancelled work runs with the region released: it may still land later, and only
+        // scratch regions (where that is allowed) take cancelled writes.
+        let outcome = if write && fate == Fate::Complete {
+            let mut expect = model.regions[r].write().await;
+            set_doing(format!("{}: {what} {off}+{len}", h.name));
+            let mut data = vec![0u8; len];
+            rng.fill(&mut data);
+            match h.file.write_from(&data, off).await {
+                Ok(n) if n == len => {
+                    expect[within..within + len].copy_from_slice(&data);
+                    counters.writes.fetch_add(1, Ordering::Relaxed);
+                    Ok(len)
+                }
+                Ok(n) => Err(format!("short write: {n} of {len}")),
+                Err(e) => Err(e.to_string()),
+            }
+        } else if write {
+            set_doing(format!("{}: {what} {off}+{len}", h.name));
+            let data: Vec<u8> = (0..len).map(|_| rng.u8(1..=SCRATCH_MAX)).collect();
+            let wait = Duration::from_micros(rng.u64(0..300));
+            cancelled_write(&h.file, data, off, wait, fate).await;
+            Ok(0)
+        } else if fate == Fate::Complete {
+            let expect = model.regions[r].read().await;
+            set_doing(format!("{}: {what} {off}+{len}", h.name));
+            match read(&h.file, stream.as_ref(), len, off).await {
+                Ok(b) if scratch && !b.contains(&SCRIBBLE) => Ok(len),
+                Ok(b) if !scratch && b[..] == expect[within..within + len] => Ok(len),
+                Ok(_) => {
+                    counters.mismatches.fetch_add(1, Ordering::Relaxed);
+                    Err("MISMATCH: read bytes differ from the model".to_string())
+                }
+                Err(e) => Err(e),
+            }
+            .inspect(|_| {
+                counters.reads.fetch_add(1, Ordering::Relaxed);
+            })
+        } else {
+            set_doing(format!("{}: {what} {off}+{len}", h.name));
+            let wait = Duration::from_micros(rng.u64(0..300));
+            match cancelled_read(&h.file, stream.as_ref(), len, off, wait, fate).await {
+                Ok(true) => Ok(0),
+                Ok(false) => {
+                    counters.mismatches.fetch_add(1, Ordering::Relaxed);
+                    Err(format!("MISMATCH: a {what} wrote its buffer afterwards"))
+                }
+                Err(e) => Err(e),
+            }
+        };
+        match fate {
+            Fate::Drop => counters.dropped.fetch_add(1, Ordering::Relaxed),
+            Fate::Leak => counters.leaked.fetch_add(1, Ordering::Relaxed),
+            Fate::Complete => 0,
+        };
+        match outcome {
+            Ok(moved) => {
+                counters.bytes.fetch_add(moved as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                counters.errors.fetch_add(1, Ordering::Relaxed);
+                eprintln!("{}: {what} {off}+{len}: {e}", h.name);
+            }
+        }
+    }
+    set_doing("done".into());
+}
+
+fn new_model(rng: &mut fastrand::Rng, regions: usize, region_len: usize) -> Model {
+    let v = (0..regions)
+        .map(|_| {
+            let mut r = vec![0u8; region_len];
+            rng.fill(&mut r);
+            // No 0xFF anywhere, so that scratch regions start clean.
+            for b in r.iter_mut().filter(|b| **b == SCRIBBLE) {
+                *b = 0;
+            }
+            RwLock::new(r)
+        })
+        .collect();
+    Model {
+        regions: v,
+        region_len,
+        scratch_from: regions - (regions / 8).max(1),
+    }
+}
+
+async fn model_bytes(m: &Model) -> Vec<u8> {
+    let mut out = Vec::with_capacity(m.regions.len() * m.region_len);
+    for r in &m.regions {
+        out.extend_from_slice(&r.read().await);
+    }
+    out
+}
+
+/// An NVMe namespace through SPDK, its first regions written with the model's bytes and read
+/// back before the soak starts.
+async fn nvme_target(
+    trid: &str,
+    rng: &mut fastrand::Rng,
+    regions: usize,
+    region_len: usize,
+    engines: &mut Vec<Engine>,
+) -> Result<SoakTarget, Box<dyn std::error::Error + Send + Sync>> {
+    let engine = Engine::new()?;
+    let file = engine.open_nvme(trid)?;
+    let ns_len = file.len()?;
+    let regions = regions.min((ns_len / region_len as u64) as usize);
+    if regions < 2 {
+        return Err(format!("{trid}: namespace of {ns_len} bytes is too small").into());
+    }
+    let model = new_model(rng, regions, region_len);
+    let bytes = model_bytes(&model).await;
+    let n = file.write_from(&bytes, 0).await?;
+    let mut back = vec![0u8; bytes.len()];
+    let m = file.read_into(&mut back, 0).await?;
+    if n != bytes.len() || m != bytes.len() || back != bytes {
+        return Err(format!("{trid}: initial contents did not read back").into());
+    }
+    let handle = Handle {
+        name: "spdk nvme".into(),
+        file,
+        leak_budget: leak_budget(&engine),
+    };
+    engines.push(engine);
+    Ok(SoakTarget {
+        name: trid.to_string(),
+        model,
+        handles: vec![handle],
+    })
+}
+
+fn leak_budget(engine: &Engine) -> Arc<AtomicI64> {
+    Arc::new(AtomicI64::new((engine.bounce_bytes() / 8) as i64))
+}
+
+/// Takes what a leak of `len` bytes may hold (whole slots) from `budget`, if it is there.
+fn take_leak(budget: &AtomicI64, len: usize) -> bool {
+    let cost = len.next_power_of_two().max(4096) as i64 * 2;
+    budget
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
+            (b >= cost).then_some(b - cost)
+        })
+        .is_ok()
 }
 
 fn rw_open(engine: &Engine, path: &std::path::Path, direct: bool) -> gpuio::Result<File> {
@@ -288,7 +551,7 @@ fn rw_open(engine: &Engine, path: &std::path::Path, direct: bool) -> gpuio::Resu
 /// copied back to compare).
 async fn read(
     file: &File,
-    stream: Option<&Arc<gpuio::cuda::cudarc::driver::CudaStream>>,
+    stream: Option<&Arc<CudaStream>>,
     len: usize,
     off: u64,
 ) -> Result<Vec<u8>, String> {
@@ -321,25 +584,67 @@ async fn read(
     }
 }
 
-/// Starts a read, lets it run a little, drops it, and says whether the buffer was left alone.
-async fn drop_mid_flight(file: &File, len: usize, off: u64) -> bool {
-    let mut b = vec![0xC5u8; len];
-    {
-        let fut = file.read_into(&mut b, off);
-        let _ = tokio::time::timeout(Duration::from_micros(50), fut).await;
+/// Lets `fut` run for up to `wait`, then drops or leaks it.
+async fn cancel<F: std::future::Future>(fut: F, wait: Duration, fate: Fate) {
+    let mut fut = Box::pin(fut);
+    let _ = tokio::time::timeout(wait, fut.as_mut()).await;
+    if fate == Fate::Leak {
+        std::mem::forget(fut);
     }
-    b.fill(0x3C);
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    b.iter().all(|&x| x == 0x3C)
+}
+
+/// Starts a read, cancels it, scribbles the buffer and says whether the scribble stayed.
+async fn cancelled_read(
+    file: &File,
+    stream: Option<&Arc<CudaStream>>,
+    len: usize,
+    off: u64,
+    wait: Duration,
+    fate: Fate,
+) -> Result<bool, String> {
+    match stream {
+        None => {
+            let mut b = vec![0xC5u8; len];
+            cancel(file.read_into(&mut b, off), wait, fate).await;
+            b.fill(0x3C);
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok(b.iter().all(|&x| x == 0x3C))
+        }
+        Some(s) => {
+            let mut d = s
+                .alloc_zeros::<u8>(len)
+                .map_err(|e| format!("CUDA alloc: {e:?}"))?;
+            cancel(file.read_into(&mut d, off), wait, fate).await;
+            // Ordered after any copy the read put on this stream before it was cancelled.
+            s.memset_zeros(&mut d)
+                .map_err(|e| format!("CUDA memset: {e:?}"))?;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            let back = s
+                .clone_dtoh(&d)
+                .map_err(|e| format!("CUDA copy back: {e:?}"))?;
+            Ok(back.iter().all(|&x| x == 0))
+        }
+    }
+}
+
+/// Starts a write of `data` (bytes 0x01..=0x7F), cancels it, then fills the source with 0xFF:
+/// the final check finds any 0xFF that reached the file.
+async fn cancelled_write(file: &File, mut data: Vec<u8>, off: u64, wait: Duration, fate: Fate) {
+    cancel(file.write_from(&data, off), wait, fate).await;
+    data.fill(SCRIBBLE);
+    // Keep the scribbled source alive a moment: a write still reading it would see 0xFF.
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    drop(data);
 }
 
 fn report(c: &Counters, t: Duration) -> String {
     format!(
-        "{:.0} s: {} reads, {} writes, {} dropped reads, {} moved, {} errors, {} mismatches",
+        "{:.0} s: {} reads, {} writes, {} dropped, {} leaked, {} moved, {} errors, {} mismatches",
         t.as_secs_f64(),
         c.reads.load(Ordering::Relaxed),
         c.writes.load(Ordering::Relaxed),
         c.dropped.load(Ordering::Relaxed),
+        c.leaked.load(Ordering::Relaxed),
         fmt_bytes(c.bytes.load(Ordering::Relaxed)),
         c.errors.load(Ordering::Relaxed),
         c.mismatches.load(Ordering::Relaxed),

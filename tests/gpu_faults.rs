@@ -1,0 +1,187 @@
+//! GPU faults that change process-wide state, so they live in their own test binary and run
+//! one at a time: the CUDA primary context destroyed under open files, and cuFile's udev
+//! data removed mid-run. Each says loudly why it skipped where the machine cannot host it.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use gpuio::gds::GdsStatus;
+use gpuio::{Backend, Engine, Error, OpenOptions};
+
+/// The tests here change process-wide state: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+/// `cuDevicePrimaryCtxReset` under an engine that has pinned its pool and made its events in
+/// that context, with a file open and the caller's device memory gone with the context: every
+/// operation ends (error or correct data), none panics or hangs, host I/O keeps working, and
+/// the engine shuts down. The bounce path only: libcufile keeps its own allocations in the
+/// context, and what it does when they vanish is cuFile's behaviour, not gpuio's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cuda_context_destroyed_under_an_open_file() {
+    const T: &str = "cuda_context_destroyed_under_an_open_file";
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !gpuio::cuda::available() {
+        skipped(format!("{T}: no usable CUDA device"));
+        return;
+    }
+    let ctx = gpuio::cuda::context(0).unwrap();
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "reset", 16 << 20, 41);
+    let engine = Engine::builder().backend(Backend::Uring).build().unwrap();
+    let f = engine.open(&path).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let mut d = stream.alloc_zeros::<u8>(4 << 20).unwrap();
+    assert_eq!(within(T, f.read_into(&mut d, 5)).await.unwrap(), 4 << 20);
+    assert!(engine.bounce_pool_pinned() || !gpuio::cuda::available());
+
+    // SAFETY: resets device 0's primary context; every CUDA object made in it (the slice, the
+    // stream, gpuio's events and its pool registration) becomes invalid, which is the fault
+    // under test. Nothing else in this process uses the device while the test holds the lock.
+    let rc =
+        unsafe { gpuio::cuda::cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(ctx.cu_device()) };
+    eprintln!("{T}: cuDevicePrimaryCtxReset -> {rc:?}");
+
+    // Into the vanished memory: an error naming CUDA, or (if the driver maps something there
+    // again) a completed read; never a panic or a hang.
+    match within(T, f.read_into(&mut d, 0)).await {
+        Ok(n) => eprintln!("{T}: read into a pointer of the destroyed context returned {n}"),
+        Err(e) => {
+            assert!(matches!(e, Error::Cuda { .. }), "{e}");
+            eprintln!("{T}: read into the destroyed context: {e}");
+        }
+    }
+    std::mem::forget(d); // its free would go to a stream that no longer exists
+    std::mem::forget(stream);
+
+    // Host memory through the same engine and file still works.
+    let mut h = vec![0u8; 3 << 20];
+    assert_eq!(within(T, f.read_into(&mut h, 7)).await.unwrap(), 3 << 20);
+    assert!(h[..] == data[7..7 + (3 << 20)]);
+
+    // Fresh device memory: correct data, or a clear CUDA error; either way no hang.
+    let fresh = gpuio::cuda::context(0)
+        .map_err(|e| e.to_string())
+        .and_then(|c| c.new_stream().map_err(|e| format!("{e:?}")));
+    match fresh {
+        Ok(s) => match s.alloc_zeros::<u8>(2 << 20) {
+            Ok(mut d2) => match within(T, f.read_into(&mut d2, 11)).await {
+                Ok(n) => {
+                    assert_eq!(n, 2 << 20);
+                    assert!(s.clone_dtoh(&d2).unwrap()[..] == data[11..11 + n]);
+                    eprintln!("{T}: a fresh allocation after the reset read correctly");
+                }
+                Err(e) => {
+                    assert!(matches!(e, Error::Cuda { .. }), "{e}");
+                    eprintln!("{T}: fresh allocation after the reset: {e}");
+                }
+            },
+            Err(e) => eprintln!("{T}: allocation after the reset failed in cudarc: {e:?}"),
+        },
+        Err(e) => eprintln!("{T}: no stream after the reset: {e}"),
+    }
+    within(T, engine.shutdown()).await.unwrap();
+}
+
+/// The block device's udev record removed while files are open through AUTO: files already
+/// registered keep reading correctly; a file opened afterwards is served (correctly) through
+/// the bounce path where cuFile now refuses it, with the reason. The record is restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cufile_udev_data_removed_mid_run() {
+    const T: &str = "cufile_udev_data_removed_mid_run";
+    let _one = ONE_AT_A_TIME.lock().await;
+    if !gpuio::cuda::available() {
+        skipped(format!("{T}: no usable CUDA device"));
+        return;
+    }
+    let probe = gpuio::gds::probe();
+    if let Err(e) = &probe.driver {
+        skipped(format!("{T}: cuFile unavailable: {e}"));
+        return;
+    }
+    let dir = tmpdir();
+    let (path_a, data) = test_file(dir.path(), "a", 8 << 20, 51);
+    let (path_b, _) = test_file(dir.path(), "b", 8 << 20, 51);
+    let engine = Engine::new().unwrap();
+    if !direct_ok(&engine, &path_a) {
+        skipped(format!("{T}: no O_DIRECT here"));
+        return;
+    }
+    let open = |p: &std::path::Path| {
+        OpenOptions::new()
+            .read(true)
+            .direct(true)
+            .open(&engine, p)
+            .unwrap()
+    };
+    let a = open(&path_a);
+    let (GdsStatus::CufileCompat | GdsStatus::Gds) = a.gds_status() else {
+        skipped(format!(
+            "{T}: cuFile does not serve this file to begin with ({}); phase B of the GPU \
+             bundle gives it its udev data",
+            a.gds_status()
+        ));
+        return;
+    };
+    let Some(record) = udev_record(&path_a) else {
+        skipped(format!("{T}: no udev record file for this filesystem"));
+        return;
+    };
+    let saved = std::fs::read(&record).unwrap();
+    if std::fs::remove_file(&record).is_err() {
+        skipped(format!(
+            "{T}: cannot remove {} (not root?)",
+            record.display()
+        ));
+        return;
+    }
+    struct Restore(std::path::PathBuf, Vec<u8>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(&self.0, &self.1);
+        }
+    }
+    let _restore = Restore(record.clone(), saved);
+
+    let ctx = gpuio::cuda::context(0).unwrap();
+    let stream = ctx.default_stream();
+    let check = |f: gpuio::File, name: &'static str| {
+        let stream = stream.clone();
+        let data = &data;
+        async move {
+            let mut d = stream.alloc_zeros::<u8>((8 << 20) - 9).unwrap();
+            let n = within(T, f.read_into(&mut d, 9)).await.unwrap();
+            assert_eq!(n, (8 << 20) - 9, "{name}");
+            assert!(
+                stream.clone_dtoh(&d).unwrap()[..] == data[9..],
+                "{name}: data"
+            );
+            eprintln!("{T}: {name} read correctly via {}", f.gds_status());
+            f
+        }
+    };
+    let a = check(a, "file registered before the removal").await;
+    let b = check(open(&path_b), "file opened after the removal").await;
+    match b.gds_status() {
+        GdsStatus::Bounce(why) => assert!(why.contains("udev") || why.contains("cuFile"), "{why}"),
+        other => eprintln!("{T}: cuFile still registered a file without its udev record ({other})"),
+    }
+    drop((a, b));
+    within(T, engine.shutdown()).await.unwrap();
+}
+
+/// `/run/udev/data/b<major>:<minor>` of the filesystem holding `path`.
+fn udev_record(path: &std::path::Path) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (libc::major(dev), libc::minor(dev));
+    let p = std::path::PathBuf::from(format!("/run/udev/data/b{major}:{minor}"));
+    p.exists().then_some(p)
+}
