@@ -40,6 +40,12 @@ for ex in target/release/examples/*; do
 done
 strip "$OUT"/tests/* "$OUT"/bin/*
 mkdir -p "$OUT/peers" && cp scripts/peers/*.py "$OUT/peers/"
+# A static fio (the GPU machine has none) for `gpuio bench --compare` there.
+if fio_bin=$(bash scripts/fio.sh build 2>/dev/null); then
+  cp "$fio_bin" "$OUT/bin/fio"
+else
+  echo "gpu-bundle: fio could not be built; --compare will measure gpuio alone there" >&2
+fi
 # SPDK (the initiator library, nvmf_tgt, perf and the libraries they need), built here once
 # by scripts/spdk.sh: the GPU machine has no compiler and no package manager.
 if bash scripts/spdk.sh build >/dev/null 2>&1; then
@@ -67,6 +73,8 @@ if [ -f spdk/lib/libspdk_gpuio.so ]; then
   export GPUIO_SPDK_HOME=$PWD/spdk GPUIO_SPDK_SCRIPT=$PWD/spdk.sh GPUIO_SPDK_REQUIRED=1 GPUIO_SPDK_HUGE_MIB=8192
   export LD_LIBRARY_PATH=$PWD/spdk/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
+# The bundle's own tools (fio among them) come first.
+export PATH=$PWD/bin:$PATH
 TABLE=()
 run_test() { # phase, binary
   local phase=$1 t=$2 name start status secs summary skips
@@ -108,8 +116,28 @@ fi
 grep -E 'verdict|nvidia-fs|library' "$LOGS/check-after.txt" | while read -r l; do echo "check: $l"; done >> "$LOGS/verdicts.txt"
 export GPUIO_REQUIRE_GDS=1
 if grep -q 'nvidia-fs: loaded' "$LOGS/check-after.txt"; then export GPUIO_EXPECT_AUTO=gds; else export GPUIO_EXPECT_AUTO=compat; fi
-for t in tests/test-gds tests/test-device tests/test-batch; do [ -x "$t" ] && run_test B "$t"; done
+for t in tests/test-gds tests/test-device tests/test-batch tests/test-gpu_faults; do [ -x "$t" ] && run_test B "$t"; done
 unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
+
+# ---- fio side by side on the same file, same settings, alternating rounds (fio reads into
+# host memory: for GPU rows it is the storage side's ceiling). FIO_COMPARE=0 skips.
+if [ "${FIO_COMPARE:-1}" = 1 ] && command -v fio >/dev/null; then
+  W="$GPUIO_TEST_DIR/write.bin"
+  while IFS='|' read -r label file args; do
+    [ -z "$label" ] && continue
+    drop_caches
+    # shellcheck disable=SC2086
+    ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label// /_}.txt" 2>&1
+    TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$LOGS/fio-${label// /_}.txt" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$LOGS/fio-${label// /_}.txt")")")
+  done <<EOF_SPECS
+O_DIRECT 4M qd16 to gpu|$F|--bs 4M --qd 16 --direct --to gpu
+O_DIRECT 4K rand qd64 to gpu|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu
+O_DIRECT 4K rand qd128 to gpu|$F|--bs 4K --qd 128 --pattern rand --direct --to gpu
+O_DIRECT write 4M qd16 from gpu|$W|--rw write --bs 4M --qd 16 --direct --to gpu
+O_DIRECT 1M qd32 to host|$F|--bs 1M --qd 32 --direct
+O_DIRECT 4K rand qd64 to host|$F|--bs 4K --qd 64 --pattern rand --direct
+EOF_SPECS
+fi
 
 # ---- SPDK: gpuio over NVMe/TCP into GPU and host memory, next to SPDK's perf on the same
 # target (perf reads into host DMA memory). SPDK_BENCH=0 skips.
@@ -192,19 +220,30 @@ for line in open(sys.argv[1]):
   done
 fi
 
-# ---- soak into GPU memory (all backends incl. AUTO -> cuFile for O_DIRECT), then the same
-# under compute-sanitizer where the toolkit has it. SOAK_MINUTES (default 2); 0 skips.
+# ---- soak into GPU memory (all backends incl. AUTO -> cuFile for O_DIRECT, and NVMe/TCP
+# through SPDK where the bundle has it), then the cancellation storm under compute-sanitizer
+# where the toolkit has it. SOAK_MINUTES (default 2) and STORM_MINUTES (default 1); 0 skips.
+nvme_args=()
+if [ -n "${GPUIO_SPDK_HOME:-}" ] && { [ "${SOAK_MINUTES:-2}" != 0 ] || [ "${STORM_MINUTES:-1}" != 0 ]; }; then
+  trid=$(bash spdk.sh start --port 4422 --size 512 --core 1 2>>"$LOGS/spdk.err") && nvme_args=(--nvme "$trid")
+fi
 if [ "${SOAK_MINUTES:-2}" != 0 ]; then
-  ./bin/gpuio soak --to gpu --minutes "${SOAK_MINUTES:-2}" --size 256M --dir "$GPUIO_TEST_DIR" > "$LOGS/soak-gpu.txt" 2>&1
+  ./bin/gpuio soak --to gpu --minutes "${SOAK_MINUTES:-2}" --size 256M --dir "$GPUIO_TEST_DIR" "${nvme_args[@]}" > "$LOGS/soak-gpu.txt" 2>&1
   TABLE+=("soak to gpu ${SOAK_MINUTES:-2} min: $(tail -2 "$LOGS/soak-gpu.txt" | head -1) [$(tail -1 "$LOGS/soak-gpu.txt")]")
+fi
+if [ "${STORM_MINUTES:-1}" != 0 ]; then
   CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   if [ -n "$CS" ]; then
-    timeout 240 "$CS" --tool memcheck --leak-check no ./bin/gpuio soak --to gpu --minutes 0.5 --size 64M --tasks 8 --dir "$GPUIO_TEST_DIR" > "$LOGS/soak-memcheck.txt" 2>&1
-    TABLE+=("soak under compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|soak passed|soak failed' "$LOGS/soak-memcheck.txt" | tr '\n' ' ')")
+    timeout 400 "$CS" --tool memcheck --leak-check no ./bin/gpuio soak --to gpu --minutes "${STORM_MINUTES:-1}" \
+      --size 256M --tasks 1024 --regions 1024 --max-len 256K --drop-percent 25 --leak-percent 2 \
+      --dir "$GPUIO_TEST_DIR" "${nvme_args[@]}" > "$LOGS/storm-memcheck.txt" 2>&1
+    TABLE+=("storm under compute-sanitizer memcheck: rc=$? $(grep -E 'ERROR SUMMARY|soak passed|soak failed' "$LOGS/storm-memcheck.txt" | tr '\n' ' ') [$(grep -E '^[0-9]+ s:' "$LOGS/storm-memcheck.txt" | tail -1)]")
+    grep -E '^=+ +(Invalid|Program hit|Saved host backtrace)' -A4 "$LOGS/storm-memcheck.txt" | head -40 > "$LOGS/storm-memcheck-errors.txt"
   else
     TABLE+=("compute-sanitizer: not on this machine")
   fi
 fi
+[ ${#nvme_args[@]} -gt 0 ] && bash spdk.sh stop --port 4422
 
 # KvikIO on the same file, warm then cold, where its wheels are installed.
 if python3 peers/kvikio_read.py "$F" 8 16 --reps 2 > "$LOGS/kvikio-warm.jsonl" 2> "$LOGS/kvikio.err"; then

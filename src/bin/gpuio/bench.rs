@@ -201,6 +201,8 @@ pub struct Measurement {
     pub lat_p50_us: u32,
     /// 99th percentile request latency.
     pub lat_p99_us: u32,
+    /// CPU cores the whole process kept busy (user + system) while it ran.
+    pub cores: f64,
     /// The peer (fio, or SPDK's perf for `spdk`) on the same target and settings (medians),
     /// under --compare.
     pub peer: Option<PeerResult>,
@@ -215,6 +217,8 @@ pub struct PeerResult {
     pub gbps: f64,
     /// Requests per second.
     pub iops: f64,
+    /// CPU cores the peer kept busy (user + system), where it reports them.
+    pub cores: Option<f64>,
 }
 
 struct TaskStats {
@@ -344,17 +348,25 @@ pub async fn run(a: BenchArgs) -> CliResult {
                         name: peer[0].name,
                         gbps: med(|p| p.gbps),
                         iops: med(|p| p.iops),
+                        cores: peer
+                            .iter()
+                            .all(|p| p.cores.is_some())
+                            .then(|| med(|p| p.cores.unwrap_or(0.0))),
                     };
                     let name = p.name;
                     println!(
                         "  vs {name} (medians of {rounds}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
-                         {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS)",
+                         {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS); \
+                         CPU cores gpuio {:.2}, {name} {}",
                         m.result.gbps,
                         m.result.iops,
                         p.gbps,
                         p.iops,
                         m.result.gbps / p.gbps,
-                        m.result.iops / p.iops
+                        m.result.iops / p.iops,
+                        m.result.cores,
+                        p.cores
+                            .map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
                     );
                     m.json["peer"] = name.into();
                     m.json[format!("{}_gbps", name.replace('-', "_"))] = p.gbps.into();
@@ -492,6 +504,7 @@ async fn measure(
         indicatif::ProgressStyle::with_template("{spinner} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
+    let cpu_start = process_cpu_seconds();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(qd);
     let mut streams = Vec::new();
@@ -604,6 +617,7 @@ async fn measure(
         file.sync_all().await?;
     }
     let secs = start.elapsed().as_secs_f64();
+    let cpu = process_cpu_seconds() - cpu_start;
     ticker.abort();
     pb.finish_and_clear();
     all.lat_us.sort_unstable();
@@ -626,7 +640,7 @@ async fn measure(
     };
     println!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
-         lat p50 {} us p99 {} us, backend {served_by}",
+         lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB), backend {served_by}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
         a.rw,
@@ -637,8 +651,12 @@ async fn measure(
         fmt_bytes(all.bytes),
         pct(0.5),
         pct(0.99),
+        cpu / secs,
+        cpu / (all.bytes as f64 / 1e9).max(1e-9),
     );
     let json = serde_json::json!({
+        "cpu_cores": cpu / secs,
+        "cpu_s_per_gb": cpu / (all.bytes as f64 / 1e9).max(1e-9),
         "bytes": all.bytes,
         "seconds": secs,
         "gbps": gbps,
@@ -667,6 +685,7 @@ async fn measure(
             iops,
             lat_p50_us: pct(0.5),
             lat_p99_us: pct(0.99),
+            cores: cpu / secs,
             peer: None,
         },
         json,
@@ -696,6 +715,19 @@ fn fio_available() -> bool {
         .arg("--version")
         .output()
         .is_ok_and(|o| o.status.success())
+}
+
+/// User + system CPU seconds of this whole process so far (`getrusage(RUSAGE_SELF)`: the
+/// reactor, the runtime's workers and io_uring's worker threads, which belong to the process).
+fn process_cpu_seconds() -> f64 {
+    // SAFETY: plain output struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `u` is valid for writes; RUSAGE_SELF needs nothing else.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
 }
 
 /// fio with the point's settings on the same file: io_uring engine, one job, `qd` deep (a
@@ -738,10 +770,16 @@ async fn fio(
     let (Some(bw), Some(iops)) = (job["bw_bytes"].as_f64(), job["iops"].as_f64()) else {
         return Err("fio's JSON output has no bw_bytes/iops".into());
     };
+    let cpu = &v["jobs"][0];
+    let cores = match (cpu["usr_cpu"].as_f64(), cpu["sys_cpu"].as_f64()) {
+        (Some(u), Some(s)) => Some((u + s) / 100.0),
+        _ => None,
+    };
     Ok(PeerResult {
         name: "fio",
         gbps: bw / 1e9,
         iops,
+        cores,
     })
 }
 
@@ -826,6 +864,8 @@ async fn spdk_perf(
         name: "spdk-perf",
         gbps: mibs * 1048576.0 / 1e9,
         iops,
+        // perf does not report it (it busy-polls its one core by design).
+        cores: None,
     })
 }
 
