@@ -209,7 +209,7 @@ impl OpenOptions {
         // `Backend::Gds` promises cuFile for device transfers: find out now, not mid-read.
         #[cfg(feature = "cuda")]
         if engine.gds_mode() == GdsMode::Forced {
-            if let Err(why) = file.inner.gds_registration(GdsMode::Forced) {
+            if let Err(why) = file.inner.gds_registration(GdsMode::Forced, true) {
                 return Err(Error::unsupported(ctx().with_backend("cufile"), why));
             }
         }
@@ -351,6 +351,7 @@ impl FileInner {
     pub(crate) fn gds_registration(
         &self,
         mode: GdsMode,
+        compat_allowed: bool,
     ) -> std::result::Result<&crate::gds::FileGds, String> {
         if mode == GdsMode::Off {
             return Err("the engine's backend does not use cuFile".into());
@@ -362,7 +363,14 @@ impl FileInner {
         }
         let r = self.gds.get_or_init(|| {
             let compat = !crate::gds::driver::nvidia_fs_loaded();
-            let r = if mode == GdsMode::Auto && compat && self.dio.is_none() {
+            let r = if mode == GdsMode::Auto && compat && !compat_allowed {
+                // Compatibility-mode cuFile does what the bounce path does (POSIX reads, host
+                // copies), slower in every measurement (EngineBuilder::cufile_compat).
+                Err("cuFile runs in compatibility mode (no nvidia-fs): POSIX reads and host \
+                     copies inside libcufile, slower than gpuio's bounce path, which serves \
+                     this file (EngineBuilder::cufile_compat(true) or Backend::Gds to use it)"
+                    .to_string())
+            } else if mode == GdsMode::Auto && compat && self.dio.is_none() {
                 // Compatibility-mode cuFile is POSIX I/O on an O_DIRECT descriptor: for a
                 // buffered file it would throw the page cache away and buy nothing.
                 Err("cuFile runs in compatibility mode (no nvidia-fs) and would bypass the page \
@@ -450,7 +458,10 @@ impl File {
     /// engine's backend allows and that was not tried yet.
     #[cfg(feature = "cuda")]
     pub fn gds_status(&self) -> crate::gds::GdsStatus {
-        match self.inner.gds_registration(self.engine.gds_mode()) {
+        match self
+            .inner
+            .gds_registration(self.engine.gds_mode(), self.engine.cufile_compat())
+        {
             Ok(g) => g.status(),
             Err(why) => crate::gds::GdsStatus::Bounce(why),
         }
@@ -541,7 +552,9 @@ impl File {
                 // Device transfers find out (once per file) whether cuFile serves the file.
                 #[cfg(feature = "cuda")]
                 if device.is_some() {
-                    let _ = self.inner.gds_registration(self.engine.gds_mode());
+                    let _ = self
+                        .inner
+                        .gds_registration(self.engine.gds_mode(), self.engine.cufile_compat());
                 }
                 let (file, len) = (self.inner.clone(), len as u64);
                 let req = match op {
@@ -665,7 +678,7 @@ impl File {
         }
         let ctx = || self.ctx(op, offset).with_backend("cufile-stream");
         self.inner
-            .gds_registration(self.engine.gds_mode())
+            .gds_registration(self.engine.gds_mode(), self.engine.cufile_compat())
             .map_err(|why| Error::unsupported(ctx(), why))?;
         let shared = OpShared::new();
         let (dptr, guard) = ptr(stream);

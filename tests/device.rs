@@ -415,7 +415,12 @@ async fn misaligned_device_pointers() {
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "m", 8 << 20, 21);
     for backend in [gpuio::Backend::Uring, gpuio::Backend::Auto] {
-        let engine = Engine::builder().backend(backend).build().unwrap();
+        // AUTO with compatibility-mode cuFile allowed: cuFile serves O_DIRECT files here.
+        let engine = Engine::builder()
+            .backend(backend)
+            .cufile_compat(true)
+            .build()
+            .unwrap();
         for (direct, f) in buffered_and_direct(&engine, &path) {
             for (at, off, len) in [
                 (1usize, 0u64, 4096usize),
@@ -495,7 +500,7 @@ async fn memory_on_a_second_gpu() {
     }
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "two", 16 << 20, 31);
-    let engine = Engine::new().unwrap();
+    let engine = Engine::builder().cufile_compat(true).build().unwrap();
     let ctxs = [
         gpuio::cuda::context(0).unwrap(),
         gpuio::cuda::context(1).unwrap(),

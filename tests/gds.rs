@@ -333,8 +333,26 @@ async fn auto_reports_which_path_serves_and_reads_correctly() {
     let stream = ctx.default_stream();
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "a", 20 << 20, 12);
-    let engine = Engine::new().unwrap();
-    // AUTO uses compatibility-mode cuFile only for O_DIRECT files (see gpuio::gds).
+    // By default AUTO keeps compatibility-mode cuFile out (the bounce path is faster there):
+    // say so, naming compatibility mode. Then allow it, and check AUTO's verdicts as before.
+    if probe_is_compat() {
+        let plain = Engine::new().unwrap();
+        let f = OpenOptions::new()
+            .read(true)
+            .direct(direct_ok(&plain, &path))
+            .open(&plain, &path)
+            .unwrap();
+        let status = f.gds_status();
+        let GdsStatus::Bounce(why) = &status else {
+            panic!("default AUTO used compatibility-mode cuFile: {status}");
+        };
+        assert!(why.contains("compatibility mode"), "{why}");
+        let mut d = stream.alloc_zeros::<u8>(data.len() - 5).unwrap();
+        assert_eq!(f.read_into(&mut d, 5).await.unwrap(), data.len() - 5);
+        assert!(stream.clone_dtoh(&d).unwrap()[..] == data[5..]);
+    }
+    let engine = Engine::builder().cufile_compat(true).build().unwrap();
+    // With compatibility mode allowed, AUTO uses it only for O_DIRECT files (see gpuio::gds).
     let f = OpenOptions::new()
         .read(true)
         .direct(direct_ok(&engine, &path))
@@ -375,4 +393,10 @@ async fn auto_reports_which_path_serves_and_reads_correctly() {
         let s = b.gds_status();
         assert_eq!(s.name(), "bounce", "{s}");
     }
+}
+
+/// cuFile loads but nvidia-fs is not there: cuFile would run in compatibility mode.
+fn probe_is_compat() -> bool {
+    let p = gpuio::gds::probe();
+    p.driver.is_ok() && !p.nvidia_fs
 }

@@ -170,7 +170,7 @@ fn report_gds(path: &std::path::Path) -> CliResult {
             println!("    Backend::Auto reads into GPU memory with GPUDirect DMA")
         }
         gpuio::gds::GdsStatus::CufileCompat => println!(
-            "    Backend::Auto uses cuFile in compatibility mode (reported as cufile-compat) for files opened with `direct`; buffered files keep the page cache through the bounce path"
+            "    cuFile would run in compatibility mode (cufile-compat): Backend::Auto keeps gpuio's bounce path, which is faster there; EngineBuilder::cufile_compat(true) lets AUTO use cuFile for files opened with `direct`, Backend::Gds always does"
         ),
         gpuio::gds::GdsStatus::Bounce(_) => println!(
             "    Backend::Auto uses gpuio's bounce path (io_uring + pinned copies); Backend::Gds would refuse the file"

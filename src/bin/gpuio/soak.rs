@@ -155,7 +155,13 @@ pub async fn run(a: SoakArgs) -> CliResult {
     let mut engines = Vec::new();
     let mut handles = Vec::new();
     for backend in backends {
-        let engine = match Engine::builder().backend(backend).build() {
+        // AUTO here also uses compatibility-mode cuFile where that is all cuFile offers, so
+        // the soak covers cuFile on machines without nvidia-fs too.
+        let engine = match Engine::builder()
+            .backend(backend)
+            .cufile_compat(true)
+            .build()
+        {
             Ok(e) => e,
             Err(e) => {
                 println!("skipping backend {backend}: {e}");
