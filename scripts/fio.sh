@@ -22,13 +22,10 @@ build() {
         echo "$HOME_DIR/fio"
         return
     fi
-    mkdir -p "$WORK/apt/lists/partial" "$WORK/dl" "$HOME_DIR"
-    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR bookworm main" \
-        >"$WORK/apt/sources.list"
-    local aptopts=(-q -o "Dir::Etc::SourceList=$WORK/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-        -o "Dir::State::Lists=$WORK/apt/lists")
-    apt-get "${aptopts[@]}" update >/dev/null
-    (cd "$WORK/dl" && apt-get "${aptopts[@]}" source --download-only fio >/dev/null 2>&1 || true)
+    mkdir -p "$HOME_DIR"
+    # shellcheck source=scripts/debian-source.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/debian-source.sh"
+    debian_source_download "$WORK" bookworm fio
     local tarball
     tarball=$(ls "$WORK"/dl/fio_3.33.orig.tar.* 2>/dev/null | head -1 || true)
     [[ -n "$tarball" ]] || die "could not download fio's source package (needs $MIRROR)"

@@ -50,15 +50,9 @@ install_deps() {
 fetch_source() {
     local src="$WORK/src"
     if [[ -f "$src/spdk/include/spdk/version.h" ]]; then return; fi
-    mkdir -p "$WORK/apt/lists/partial" "$WORK/dl"
-    # A private apt configuration with one deb-src line, so the system's sources stay as they are.
-    echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] $MIRROR trixie main" \
-        >"$WORK/apt/sources.list"
-    local aptopts=(-q -o "Dir::Etc::SourceList=$WORK/apt/sources.list" -o Dir::Etc::SourceParts=/dev/null
-        -o "Dir::State::Lists=$WORK/apt/lists")
-    apt-get "${aptopts[@]}" update >/dev/null
-    # apt reports a 404 for the .dsc; the orig tarball (all we need) arrives anyway.
-    (cd "$WORK/dl" && apt-get "${aptopts[@]}" source --download-only ceph >/dev/null 2>&1 || true)
+    # shellcheck source=scripts/debian-source.sh
+    source "$(dirname "${BASH_SOURCE[0]}")/debian-source.sh"
+    debian_source_download "$WORK" trixie ceph
     local tarball
     tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1)
     [[ -n "$tarball" ]] || die "could not download the ceph source package (needs $MIRROR)"

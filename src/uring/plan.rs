@@ -217,6 +217,28 @@ fn checked_indices(n: usize) -> Vec<usize> {
     }
 }
 
+/// What both checks say about refusals: `Ok(None)` where the planner rightly refused (an
+/// alignment that is not a power of two, or a range whose end, `end`, is past the largest
+/// offset: `None`), the plan and its end where it rightly planned, an error otherwise.
+#[cfg(any(test, fuzzing))]
+fn check_refusal<P: std::fmt::Debug>(
+    plan: Result<P, PlanError>,
+    align: u64,
+    end: Option<u64>,
+) -> Result<Option<(P, u64)>, String> {
+    if !align.is_power_of_two() {
+        return match plan {
+            Err(PlanError::Alignment(a)) if a == align => Ok(None),
+            other => Err(format!("alignment {align} accepted: {other:?}")),
+        };
+    }
+    match (plan, end) {
+        (Err(PlanError::Overflow), None) => Ok(None),
+        (Ok(p), Some(e)) => Ok(Some((p, e))),
+        (other, _) => Err(format!("overflow check wrong: {other:?}")),
+    }
+}
+
 /// Checks a read plan against what the reactor relies on: errors exactly when the range
 /// overflows or the alignment is not a power of two; otherwise pieces that tile the aligned
 /// envelope of `[offset, offset + len)` (widened by less than one block each side) in order,
@@ -224,21 +246,17 @@ fn checked_indices(n: usize) -> Vec<usize> {
 /// chunk a bounce slot holds. Used by the tests and the `plan` fuzz target.
 #[cfg(any(test, fuzzing))]
 pub fn check_read_plan(offset: u64, len: u64, align: u64, chunk: usize) -> Result<(), String> {
-    let plan = ReadPlan::new(offset, len, align, chunk);
-    if !align.is_power_of_two() {
-        return match plan {
-            Err(PlanError::Alignment(a)) if a == align => Ok(()),
-            other => Err(format!("alignment {align} accepted: {other:?}")),
-        };
-    }
     let envelope_end = offset
         .checked_add(len)
         .and_then(|e| e.checked_next_multiple_of(align))
         .filter(|&e| e <= MAX_POS);
-    let (plan, end) = match (plan, envelope_end) {
-        (Err(PlanError::Overflow), None) => return Ok(()),
-        (Ok(p), Some(e)) => (p, e),
-        (other, _) => return Err(format!("overflow check wrong: {other:?}")),
+    let Some((plan, end)) = check_refusal(
+        ReadPlan::new(offset, len, align, chunk),
+        align,
+        envelope_end,
+    )?
+    else {
+        return Ok(());
     };
     let slot = chunk.max(align as usize);
     if len == 0 {
@@ -288,18 +306,10 @@ pub fn check_read_plan(offset: u64, len: u64, align: u64, chunk: usize) -> Resul
 /// ways); every piece no longer than the chunk a bounce slot holds.
 #[cfg(any(test, fuzzing))]
 pub fn check_write_plan(offset: u64, len: u64, align: u64, chunk: usize) -> Result<(), String> {
-    let plan = WritePlan::new(offset, len, align, chunk);
-    if !align.is_power_of_two() {
-        return match plan {
-            Err(PlanError::Alignment(a)) if a == align => Ok(()),
-            other => Err(format!("alignment {align} accepted: {other:?}")),
-        };
-    }
     let end = offset.checked_add(len).filter(|&e| e <= MAX_POS);
-    let (plan, end) = match (plan, end) {
-        (Err(PlanError::Overflow), None) => return Ok(()),
-        (Ok(p), Some(e)) => (p, e),
-        (other, _) => return Err(format!("overflow check wrong: {other:?}")),
+    let Some((plan, end)) = check_refusal(WritePlan::new(offset, len, align, chunk), align, end)?
+    else {
+        return Ok(());
     };
     let slot = chunk.max(align as usize);
     let n = plan.len();
