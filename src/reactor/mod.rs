@@ -268,6 +268,10 @@ pub(crate) fn op_window(arena: &BounceArena) -> usize {
 const GATE_SHUTDOWN_DEADLINE: Duration = Duration::from_secs(10);
 /// How often the reactor looks at gates while any are closed.
 const GATE_POLL_INTERVAL: Duration = Duration::from_micros(100);
+/// Least time between two looks at the gates while slots are not short: each look is a
+/// `cuEventQuery` per gate, on the context lock the futures' copies need, and a busy reactor
+/// turns many times per gate's life (measured: 4 KiB reads into GPU memory).
+const GATE_POLL_GAP: Duration = Duration::from_micros(25);
 
 /// The part of an engine every handle and future shares.
 pub(crate) struct EngineShared {
@@ -443,6 +447,11 @@ pub(crate) struct Reactor {
     gated: Vec<Gated>,
     /// Some memory may still be touched by work we lost track of: never unmap the pool.
     compromised: bool,
+    /// Work waited for bounce slots at the last scheduling pass (gates are then looked at on
+    /// every turn: an open gate frees slots).
+    short_of_slots: bool,
+    /// When the gates were last looked at.
+    gates_polled: Instant,
     shutdown_started: Option<Instant>,
     engine: Arc<EngineShared>,
     /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
@@ -489,6 +498,8 @@ impl Reactor {
             completions: Vec::new(),
             gated: Vec::new(),
             compromised: false,
+            short_of_slots: false,
+            gates_polled: Instant::now(),
             shutdown_started: None,
             engine,
             #[cfg(feature = "cuda")]
@@ -625,7 +636,14 @@ impl Reactor {
                     }
                 }
             }
-            self.poll_gates();
+            if !self.gated.is_empty()
+                && (self.short_of_slots
+                    || self.shutting_down
+                    || self.gates_polled.elapsed() >= GATE_POLL_GAP)
+            {
+                self.poll_gates();
+                self.gates_polled = Instant::now();
+            }
             self.schedule();
             if self.shutting_down {
                 self.enforce_shutdown_deadline();
@@ -1193,8 +1211,8 @@ impl Reactor {
                 (_, slot) => self.submit_io(key, IoKind::Read, piece, slot),
             }
         }
-        self.doorbell
-            .set_starved(starved || self.window_blocked_ops > 0);
+        self.short_of_slots = starved || self.window_blocked_ops > 0;
+        self.doorbell.set_starved(self.short_of_slots);
     }
 
     fn submit_io(&mut self, key: usize, kind: IoKind, piece: Piece, slot: Option<BounceSlot>) {
