@@ -47,7 +47,7 @@ pub(crate) fn start(engine: &Arc<EngineShared>, stream: &CudaStream) -> StreamSy
         Ok(ev) => {
             let shared = OpShared::new();
             engine.send(Msg::Gated(Gated::new(
-                Box::new(EventGate(ev)),
+                Box::new(EventGate::new(ev)),
                 Msg::StreamIdle(shared.clone()),
                 &engine.arena,
             )));

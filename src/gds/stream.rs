@@ -154,7 +154,7 @@ pub(crate) unsafe fn enqueue(
     match stream.record_event(None) {
         Ok(ev) => {
             engine.send(Msg::Gated(Gated::new(
-                Box::new(EventGate(ev)),
+                Box::new(EventGate::new(ev)),
                 Msg::StreamDone(done),
                 &engine.arena,
             )));
