@@ -146,9 +146,11 @@ impl SmallFs {
 
 impl Drop for SmallFs {
     fn drop(&mut self) {
-        let target = std::ffi::CString::new(self.mounted.to_str().unwrap()).unwrap();
-        // SAFETY: NUL-terminated path.
-        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        use std::os::unix::ffi::OsStrExt;
+        if let Ok(target) = std::ffi::CString::new(self.mounted.as_os_str().as_bytes()) {
+            // SAFETY: NUL-terminated path that outlives the call.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
         let _ = &self.dir;
     }
 }

@@ -111,15 +111,22 @@ pub(crate) struct SubmitMsg {
     pub(crate) req: Option<OpRequest>,
 }
 
-impl Drop for SubmitMsg {
-    fn drop(&mut self) {
+impl SubmitMsg {
+    /// Fails the op unprocessed with the error `why` makes of its context (once).
+    fn refuse(&mut self, why: impl FnOnce(Context) -> Error) {
         if let Some(s) = self.shared.take() {
             let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
             if let Some(r) = &self.req {
                 ctx = ctx.with_path(&r.file().path);
             }
-            s.complete(Err(Error::shutdown(ctx)));
+            s.complete(Err(why(ctx)));
         }
+    }
+}
+
+impl Drop for SubmitMsg {
+    fn drop(&mut self) {
+        self.refuse(Error::shutdown);
     }
 }
 
@@ -569,16 +576,7 @@ impl Reactor {
         // (SubmitMsg's Drop would say only "shut down").
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
-                if let Some(s) = m.shared.take() {
-                    let mut ctx =
-                        Context::op(m.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
-                    if let Some(r) = &m.req {
-                        ctx = ctx.with_path(&r.file().path);
-                    }
-                    s.complete(Err(self.engine.refusal(ctx)));
-                }
-            } else {
-                drop(msg);
+                m.refuse(|ctx| self.engine.refusal(ctx));
             }
         }
     }

@@ -535,7 +535,9 @@ fn leak_budget(engine: &Engine) -> Arc<AtomicI64> {
     Arc::new(AtomicI64::new((engine.bounce_bytes() / 8) as i64))
 }
 
-/// Takes what a leak of `len` bytes may hold (whole slots) from `budget`, if it is there.
+/// Takes what a leak of `len` bytes may hold from `budget`, if it is there: slots are powers
+/// of two (at least 4 KiB), and an O_DIRECT read widened to its blocks can need the next
+/// size up, hence twice the rounded length.
 fn take_leak(budget: &AtomicI64, len: usize) -> bool {
     let cost = len.next_power_of_two().max(4096) as i64 * 2;
     budget
