@@ -317,14 +317,20 @@ impl EngineShared {
     /// `SubmitMsg`'s `Drop`).
     pub(crate) fn send(&self, msg: Msg) {
         let urgent = msg.is_urgent();
-        let sent = {
+        let unsent = {
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
             match tx.as_ref() {
-                Some(tx) => tx.send(msg).is_ok(),
-                None => false,
+                Some(tx) => tx.send(msg).err().map(|e| e.0),
+                None => Some(msg),
             }
         };
-        if sent {
+        if let Some(msg) = unsent {
+            // The reactor is gone: a submission fails now, naming the death where there was
+            // one (its Drop alone would say only "shut down").
+            if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
+                m.refuse(|ctx| self.refusal(ctx));
+            }
+        } else {
             if urgent {
                 self.doorbell.ring();
             } else {
@@ -1553,16 +1559,14 @@ mod tests {
             let file = engine.open(&path).unwrap();
             rt.block_on(async {
                 let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
-                let mut futs: Vec<_> = bufs
+                // Armed first: the first completion of any of these reads panics the reactor,
+                // so none can finish, whatever the timing.
+                engine.shared().send(Msg::PanicAtNextCompletion);
+                let futs: Vec<_> = bufs
                     .iter_mut()
                     .enumerate()
-                    .map(|(i, b)| Box::pin(file.read_into(b, (i as u64 % 8) << 20)))
+                    .map(|(i, b)| file.read_into(b, (i as u64 % 8) << 20))
                     .collect();
-                // First poll sends each submission; the panic message queues behind them.
-                for f in futs.iter_mut() {
-                    assert!(futures::poll!(f.as_mut()).is_pending());
-                }
-                engine.shared().send(Msg::PanicAtNextCompletion);
                 let results =
                     tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(futs))
                         .await
