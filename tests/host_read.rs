@@ -224,3 +224,77 @@ fn futures_are_send() {
     is_send(&f.read_owned(vec![0u8; 4], 0));
     is_send(&engine.shutdown());
 }
+
+#[test]
+fn concurrent_reads_with_a_spinning_reactor() {
+    // The spinning reactor never sleeps between turns while operations are open: completions
+    // must still be reaped (io_uring's deferred task work runs only on an enter that asks for
+    // events) and every byte must match; shutdown must still end it.
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "data", FILE_LEN, 7);
+    let data = std::sync::Arc::new(data);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    for backend in [gpuio::Backend::Uring, gpuio::Backend::Pread] {
+        let engine = match gpuio::Engine::builder()
+            .backend(backend)
+            .chunk_size(256 << 10)
+            .queue_depth(8)
+            .bounce_slots(16)
+            .reactor_spin(std::time::Duration::from_micros(200))
+            .build()
+        {
+            Ok(e) => e,
+            Err(e) => {
+                skipped(format!("{backend} backend with a spinning reactor: {e}"));
+                continue;
+            }
+        };
+        rt.block_on(concurrent_reads(engine.clone(), path.clone(), data.clone()));
+        rt.block_on(engine.shutdown()).unwrap();
+    }
+}
+
+#[test]
+fn a_spinning_reactor_reaps_completions_while_it_spins() {
+    // With a spin longer than the test's patience, a reactor that only reaped completions
+    // when it went to sleep (io_uring's deferred task work needs an enter that asks for
+    // events) would hold each read for the whole spin.
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "data", 1 << 20, 8);
+    for backend in [gpuio::Backend::Uring, gpuio::Backend::Pread] {
+        let engine = match gpuio::Engine::builder()
+            .backend(backend)
+            .reactor_spin(std::time::Duration::from_secs(10))
+            .build()
+        {
+            Ok(e) => e,
+            Err(e) => {
+                skipped(format!("{backend} backend with a spinning reactor: {e}"));
+                continue;
+            }
+        };
+        // O_DIRECT where the filesystem allows it, so completions come from the device (as
+        // deferred task work) rather than inline from the page cache.
+        let file = OpenOptions::new()
+            .read(true)
+            .direct(direct_ok(&engine, &path))
+            .open(&engine, &path)
+            .unwrap();
+        let start = std::time::Instant::now();
+        for i in 0..3u64 {
+            let mut buf = vec![0u8; 4096];
+            let off = i * 100_000;
+            let n = futures::executor::block_on(file.read_into(&mut buf, off)).unwrap();
+            assert_eq!(&buf[..n], &data[off as usize..off as usize + n]);
+        }
+        let took = start.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(5),
+            "{backend}: 3 reads took {took:?} with a spinning reactor"
+        );
+        futures::executor::block_on(engine.shutdown()).unwrap();
+    }
+}

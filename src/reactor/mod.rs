@@ -434,6 +434,8 @@ pub(crate) struct ReactorConfig {
     pub(crate) queue_depth: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
+    /// Keep polling this long after the last work while I/O is in flight (0: sleep at once).
+    pub(crate) spin: Duration,
 }
 
 pub(crate) struct Reactor {
@@ -465,6 +467,9 @@ pub(crate) struct Reactor {
     short_of_slots: bool,
     /// When the gates were last looked at.
     gates_polled: Instant,
+    /// When the reactor last found work (a message or a completion); it spins, rather than
+    /// sleeps, for `cfg.spin` after that while operations are open.
+    last_work: Instant,
     shutdown_started: Option<Instant>,
     engine: Arc<EngineShared>,
     /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
@@ -513,6 +518,7 @@ impl Reactor {
             compromised: false,
             short_of_slots: false,
             gates_polled: Instant::now(),
+            last_work: Instant::now(),
             shutdown_started: None,
             engine,
             #[cfg(feature = "cuda")]
@@ -632,7 +638,10 @@ impl Reactor {
         loop {
             loop {
                 match self.rx.try_recv() {
-                    Ok(m) => self.handle(m),
+                    Ok(m) => {
+                        self.last_work = Instant::now();
+                        self.handle(m);
+                    }
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
                         self.begin_shutdown();
@@ -675,6 +684,19 @@ impl Reactor {
             #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
             let mut timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
             let mut block = block;
+            if block
+                && !self.cfg.spin.is_zero()
+                && !self.ops.is_empty()
+                && !self.shutting_down
+                && self.last_work.elapsed() < self.cfg.spin
+            {
+                // Work was found a moment ago: the next request or completion is likely near,
+                // and catching it without sleeping saves its producer a doorbell and this
+                // thread a wake-up (see `EngineBuilder::reactor_spin`).
+                self.doorbell.awake();
+                block = false;
+                std::hint::spin_loop();
+            }
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {
                 l.queue.submit(&mut self.completions);
@@ -704,6 +726,9 @@ impl Reactor {
                 l.queue.reap(&mut self.completions);
             }
             let done = std::mem::take(&mut self.completions);
+            if !done.is_empty() {
+                self.last_work = Instant::now();
+            }
             for c in &done {
                 self.on_completion(*c);
             }

@@ -128,6 +128,10 @@ pub struct BenchArgs {
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long)]
     inline_copies: bool,
+    /// How long the reactor polls, without sleeping, after its last work (microseconds;
+    /// default 0: the engine's default, no spin).
+    #[arg(long, value_name = "US")]
+    reactor_spin_us: Option<u64>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     json: bool,
@@ -478,8 +482,12 @@ async fn measure(
             None
         } else {
             Some(64 << 10)
-        })
-        .build()?;
+        });
+    let engine = match a.reactor_spin_us {
+        Some(us) => engine.reactor_spin(Duration::from_micros(us)),
+        None => engine,
+    }
+    .build()?;
     let nvme = a.nvme.as_deref().filter(|_| backend == BenchBackend::Spdk);
     let file = match a.rw {
         _ if nvme.is_some() => engine.open_nvme(nvme.unwrap_or_default())?,
@@ -672,6 +680,7 @@ async fn measure(
         "to": a.to.to_string(),
         "bounce_pinned": engine.bounce_pool_pinned(),
         "inline_copies": a.inline_copies,
+        "reactor_spin_us": a.reactor_spin_us,
         "ops": all.ops,
         "lat_p50_us": pct(0.5),
         "lat_p99_us": pct(0.99),
