@@ -102,9 +102,16 @@ export GPUIO_EXPECT_AUTO=bounce
 [ -n "${SKIP_A:-}" ] || for t in tests/*; do run_test A "$t"; done
 unset GPUIO_EXPECT_AUTO
 ./bin/copy_ceiling 1024 | tee "$LOGS/ceiling.txt"
-while read -r l; do TABLE+=("$l"); done < <(grep -E 'host-to-device|SKIPPED' "$LOGS/ceiling.txt")
+while read -r l; do TABLE+=("$l"); done < <(grep -E 'host-to-device|driver call|SKIPPED' "$LOGS/ceiling.txt")
 F="$GPUIO_TEST_DIR/bench.bin"
-./bin/gpuio bench --file "$F" --rw write --size 4G --bs 8M --qd 8 --seconds 30 > /dev/null 2>>"$LOGS/bench-err.log" || true
+./bin/gpuio bench --file "$F" --rw write --size 4G --bs 8M --qd 8 --seconds "${WRITE_SECONDS:-30}" > /dev/null 2>>"$LOGS/bench-err.log" || true
+# The single-thread io_uring floor for 4 KiB O_DIRECT reads on this disk, and what hand-offs
+# to one or sixteen other threads cost (examples/uring_ceiling.rs).
+for v in "defer" "defer handoff" "defer peers16"; do
+  drop_caches
+  # shellcheck disable=SC2086
+  TABLE+=("$(./bin/uring_ceiling "$F" 64 3 $v 2>&1 | tail -1)")
+done
 
 # ---- phase B: give cuFile its udev data, then require it
 d=$(mountpoint -d "$(df --output=target "$GPUIO_TEST_DIR" | tail -1)")
@@ -116,26 +123,31 @@ fi
 grep -E 'verdict|nvidia-fs|library' "$LOGS/check-after.txt" | while read -r l; do echo "check: $l"; done >> "$LOGS/verdicts.txt"
 export GPUIO_REQUIRE_GDS=1
 if grep -q 'nvidia-fs: loaded' "$LOGS/check-after.txt"; then export GPUIO_EXPECT_AUTO=gds; else export GPUIO_EXPECT_AUTO=compat; fi
-for t in tests/test-gds tests/test-device tests/test-batch tests/test-gpu_faults; do [ -x "$t" ] && run_test B "$t"; done
+# SKIP_B=1 skips phase B's tests (a benchmark-only run).
+[ -n "${SKIP_B:-}" ] || for t in tests/test-gds tests/test-device tests/test-batch tests/test-gpu_faults; do [ -x "$t" ] && run_test B "$t"; done
 unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
 
 # ---- fio side by side on the same file, same settings, alternating rounds (fio reads into
 # host memory: for GPU rows it is the storage side's ceiling). FIO_COMPARE=0 skips.
 if [ "${FIO_COMPARE:-1}" = 1 ] && command -v fio >/dev/null; then
   W="$GPUIO_TEST_DIR/write.bin"
-  while IFS='|' read -r label file args; do
+  # label|file|gpuio bench args|environment (optional, e.g. the runtime's worker count)
+  while IFS='|' read -r label file args envs; do
     [ -z "$label" ] && continue
     drop_caches
     # shellcheck disable=SC2086
-    ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label// /_}.txt" 2>&1
+    env $envs ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label// /_}.txt" 2>&1
     TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$LOGS/fio-${label// /_}.txt" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$LOGS/fio-${label// /_}.txt")")")
   done <<EOF_SPECS
 O_DIRECT 4M qd16 to gpu|$F|--bs 4M --qd 16 --direct --to gpu
 O_DIRECT 4K rand qd64 to gpu|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu
 O_DIRECT 4K rand qd128 to gpu|$F|--bs 4K --qd 128 --pattern rand --direct --to gpu
+O_DIRECT 4K rand qd64 to gpu, 2 workers|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu|TOKIO_WORKER_THREADS=2
+O_DIRECT batch 64x4K qd8 to gpu|$F|--bs 4K --qd 8 --pattern batch --batch 64 --direct --to gpu
 O_DIRECT write 4M qd16 from gpu|$W|--rw write --bs 4M --qd 16 --direct --to gpu
 O_DIRECT 1M qd32 to host|$F|--bs 1M --qd 32 --direct
 O_DIRECT 4K rand qd64 to host|$F|--bs 4K --qd 64 --pattern rand --direct
+O_DIRECT 4K rand qd64 to host, 2 workers|$F|--bs 4K --qd 64 --pattern rand --direct|TOKIO_WORKER_THREADS=2
 EOF_SPECS
 fi
 
@@ -155,6 +167,11 @@ if [ -n "${GPUIO_SPDK_HOME:-}" ] && [ "${SPDK_BENCH:-1}" = 1 ]; then
 fi
 
 # ---- benchmarks: bounce path (uring) vs cuFile (gds), same file, alternating, 3 rounds
+# WARM_ROUNDS: only the page-cache-warm 4 GiB reads into GPU memory (the pinned-copy target).
+[ "${WARM_ROUNDS:-0}" -gt 0 ] && cat "$F" > /dev/null  # into the page cache first
+for r in $(seq 1 "${WARM_ROUNDS:-0}"); do
+  bench "warm 16M qd8 to gpu #$r" --file "$F" --size 4G --bs 16M --qd 8 --to gpu --seconds 5
+done
 for r in $(seq 1 "${BENCH_ROUNDS:-3}"); do
   for be in uring gds; do
     bench "warm 16M qd8 to gpu $be #$r" --backend $be --file "$F" --size 4G --bs 16M --qd 8 --to gpu --seconds 5
