@@ -136,8 +136,8 @@ if [ "${FIO_COMPARE:-1}" = 1 ] && command -v fio >/dev/null; then
     [ -z "$label" ] && continue
     drop_caches
     # shellcheck disable=SC2086
-    env $envs ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label// /_}.txt" 2>&1
-    TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$LOGS/fio-${label// /_}.txt" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$LOGS/fio-${label// /_}.txt")")")
+    env $envs ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt" 2>&1
+    TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt")")")
   done <<EOF_SPECS
 O_DIRECT 4M qd16 to gpu|$F|--bs 4M --qd 16 --direct --to gpu
 O_DIRECT 4K rand qd64 to gpu|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu
