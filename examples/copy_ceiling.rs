@@ -122,119 +122,110 @@ fn call_rate(
     const BATCH: usize = 64;
     let lock = std::sync::Mutex::new(());
     let run = std::time::Duration::from_secs_f64(secs);
-    let total = std::thread::scope(|s| -> Result<u64, String> {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                let lock = &lock;
-                s.spawn(move || -> Result<u64, String> {
-                    let e = |e: gpuio::cuda::cudarc::driver::DriverError| format!("{e:?}");
-                    let ok = |rc: sys::CUresult, what: &str| {
-                        if rc == sys::CUresult::CUDA_SUCCESS {
-                            Ok(())
-                        } else {
-                            Err(format!("{what}: {rc:?}"))
-                        }
-                    };
-                    ctx.bind_to_thread().map_err(e)?;
-                    let stream = ctx.new_stream().map_err(e)?;
-                    let dst = stream.alloc_zeros::<u8>(LEN * BATCH).map_err(e)?;
-                    // SAFETY: written in full before any copy reads it.
-                    let mut src = unsafe { ctx.alloc_pinned::<u8>(LEN * BATCH) }.map_err(e)?;
-                    src.as_mut_slice().map_err(e)?.fill(1);
-                    let src_ptr = src.as_ptr().map_err(e)? as u64;
-                    let (dptr, _g) =
-                        gpuio::cuda::cudarc::driver::DevicePtr::device_ptr(&dst, &stream);
-                    let ev = ctx.new_event(None).map_err(e)?;
-                    let ev2 = ctx.new_event(None).map_err(e)?;
-                    ev.record(&stream).map_err(e)?;
-                    ev2.record(&stream).map_err(e)?;
-                    let cs = stream.cu_stream();
-                    let mut dsts: Vec<u64> =
-                        (0..BATCH as u64).map(|i| dptr + i * LEN as u64).collect();
-                    let mut srcs: Vec<u64> = (0..BATCH as u64)
-                        .map(|i| src_ptr + i * LEN as u64)
-                        .collect();
-                    let mut sizes = vec![LEN; BATCH];
-                    // SAFETY: an all-zero attribute block is valid plain data; the fields that
-                    // matter are set next.
-                    let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
-                    attr.srcAccessOrder =
-                        sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
-                    let mut attr_idx = [0usize];
-                    let start = Instant::now();
-                    let mut n = 0u64;
-                    while start.elapsed() < run {
-                        let _turn =
-                            serialized.then(|| lock.lock().unwrap_or_else(|p| p.into_inner()));
-                        // SAFETY: every pointer is a live allocation of this context of at
-                        // least the bytes named; the events and stream belong to it.
-                        unsafe {
-                            match call {
-                                Call::Copy => ok(
-                                    sys::cuMemcpyHtoDAsync_v2(dptr, src_ptr as *const _, LEN, cs),
-                                    "copy",
-                                )?,
-                                Call::Record => {
-                                    ok(sys::cuEventRecord(ev.cu_event(), cs), "record")?
-                                }
-                                Call::Wait => {
-                                    ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?
-                                }
-                                Call::Query => {
-                                    let rc = sys::cuEventQuery(ev2.cu_event());
-                                    if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
-                                        ok(rc, "query")?;
-                                    }
-                                }
-                                Call::Piece => {
-                                    ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?;
-                                    ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?;
-                                    ok(
-                                        sys::cuMemcpyHtoDAsync_v2(
-                                            dptr,
-                                            src_ptr as *const _,
-                                            LEN,
-                                            cs,
-                                        ),
-                                        "copy",
-                                    )?;
-                                    ok(sys::cuEventRecord(ev2.cu_event(), cs), "record")?;
-                                    ok(sys::cuEventRecord(ev.cu_event(), cs), "record")?;
-                                }
-                                Call::Batch64 => {
-                                    ok(
-                                        sys::cuMemcpyBatchAsync_v2(
-                                            dsts.as_mut_ptr(),
-                                            srcs.as_mut_ptr(),
-                                            sizes.as_mut_ptr(),
-                                            BATCH,
-                                            &mut attr,
-                                            attr_idx.as_mut_ptr(),
-                                            1,
-                                            cs,
-                                        ),
-                                        "batch copy",
-                                    )?;
-                                    n += BATCH as u64 - 1;
-                                }
-                            }
-                        }
-                        n += 1;
-                    }
-                    stream.synchronize().map_err(e)?;
-                    Ok(n)
-                })
-            })
+    let lock = &lock;
+    let total = on_threads(threads, move || -> Result<u64, String> {
+        let e = |e: gpuio::cuda::cudarc::driver::DriverError| format!("{e:?}");
+        let ok = |rc: sys::CUresult, what: &str| {
+            if rc == sys::CUresult::CUDA_SUCCESS {
+                Ok(())
+            } else {
+                Err(format!("{what}: {rc:?}"))
+            }
+        };
+        ctx.bind_to_thread().map_err(e)?;
+        let stream = ctx.new_stream().map_err(e)?;
+        let dst = stream.alloc_zeros::<u8>(LEN * BATCH).map_err(e)?;
+        // SAFETY: written in full before any copy reads it.
+        let mut src = unsafe { ctx.alloc_pinned::<u8>(LEN * BATCH) }.map_err(e)?;
+        src.as_mut_slice().map_err(e)?.fill(1);
+        let src_ptr = src.as_ptr().map_err(e)? as u64;
+        let (dptr, _g) = gpuio::cuda::cudarc::driver::DevicePtr::device_ptr(&dst, &stream);
+        let ev = ctx.new_event(None).map_err(e)?;
+        let ev2 = ctx.new_event(None).map_err(e)?;
+        ev.record(&stream).map_err(e)?;
+        ev2.record(&stream).map_err(e)?;
+        let cs = stream.cu_stream();
+        let mut dsts: Vec<u64> = (0..BATCH as u64).map(|i| dptr + i * LEN as u64).collect();
+        let mut srcs: Vec<u64> = (0..BATCH as u64)
+            .map(|i| src_ptr + i * LEN as u64)
             .collect();
+        let mut sizes = vec![LEN; BATCH];
+        // SAFETY: an all-zero attribute block is valid plain data; the fields that
+        // matter are set next.
+        let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+        attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        let mut attr_idx = [0usize];
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < run {
+            let _turn = serialized.then(|| lock.lock().unwrap_or_else(|p| p.into_inner()));
+            // SAFETY: every pointer is a live allocation of this context of at
+            // least the bytes named; the events and stream belong to it.
+            unsafe {
+                match call {
+                    Call::Copy => ok(
+                        sys::cuMemcpyHtoDAsync_v2(dptr, src_ptr as *const _, LEN, cs),
+                        "copy",
+                    )?,
+                    Call::Record => ok(sys::cuEventRecord(ev.cu_event(), cs), "record")?,
+                    Call::Wait => ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?,
+                    Call::Query => {
+                        let rc = sys::cuEventQuery(ev2.cu_event());
+                        if rc != sys::CUresult::CUDA_ERROR_NOT_READY {
+                            ok(rc, "query")?;
+                        }
+                    }
+                    Call::Piece => {
+                        ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?;
+                        ok(sys::cuStreamWaitEvent(cs, ev2.cu_event(), 0), "wait")?;
+                        ok(
+                            sys::cuMemcpyHtoDAsync_v2(dptr, src_ptr as *const _, LEN, cs),
+                            "copy",
+                        )?;
+                        ok(sys::cuEventRecord(ev2.cu_event(), cs), "record")?;
+                        ok(sys::cuEventRecord(ev.cu_event(), cs), "record")?;
+                    }
+                    Call::Batch64 => {
+                        ok(
+                            sys::cuMemcpyBatchAsync_v2(
+                                dsts.as_mut_ptr(),
+                                srcs.as_mut_ptr(),
+                                sizes.as_mut_ptr(),
+                                BATCH,
+                                &mut attr,
+                                attr_idx.as_mut_ptr(),
+                                1,
+                                cs,
+                            ),
+                            "batch copy",
+                        )?;
+                        n += BATCH as u64 - 1;
+                    }
+                }
+            }
+            n += 1;
+        }
+        stream.synchronize().map_err(e)?;
+        Ok(n)
+    })?;
+    Ok(total as f64 / secs)
+}
+
+/// Runs `work` on `threads` threads at once and adds up what each counted.
+fn on_threads(
+    threads: usize,
+    work: impl Fn() -> Result<u64, String> + Sync,
+) -> Result<u64, String> {
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads).map(|_| s.spawn(&work)).collect();
         let mut total = 0;
         for w in workers {
             total += w
                 .join()
-                .map_err(|_| "driver call thread panicked".to_string())??;
+                .map_err(|_| "measuring thread panicked".to_string())??;
         }
         Ok(total)
-    })?;
-    Ok(total as f64 / secs)
+    })
 }
 
 /// Copies of `len` pinned bytes to the device per second, each followed by an event record
@@ -245,34 +236,23 @@ fn small_copy_rate(
     len: usize,
     run: std::time::Duration,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    let total = std::thread::scope(|s| -> Result<u64, String> {
-        let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(move || -> Result<u64, String> {
-                    let e = |e: gpuio::cuda::cudarc::driver::DriverError| format!("{e:?}");
-                    ctx.bind_to_thread().map_err(e)?;
-                    let stream = ctx.new_stream().map_err(e)?;
-                    let mut dst = stream.alloc_zeros::<u8>(len).map_err(e)?;
-                    // SAFETY: written in full before any copy reads it.
-                    let mut src = unsafe { ctx.alloc_pinned::<u8>(len) }.map_err(e)?;
-                    src.as_mut_slice().map_err(e)?.fill(1);
-                    let start = Instant::now();
-                    let mut n = 0u64;
-                    while start.elapsed() < run {
-                        stream.memcpy_htod(&src, &mut dst).map_err(e)?;
-                        let _event = stream.record_event(None).map_err(e)?;
-                        n += 1;
-                    }
-                    stream.synchronize().map_err(e)?;
-                    Ok(n)
-                })
-            })
-            .collect();
-        let mut total = 0;
-        for w in workers {
-            total += w.join().map_err(|_| "copy thread panicked".to_string())??;
+    let total = on_threads(threads, || -> Result<u64, String> {
+        let e = |e: gpuio::cuda::cudarc::driver::DriverError| format!("{e:?}");
+        ctx.bind_to_thread().map_err(e)?;
+        let stream = ctx.new_stream().map_err(e)?;
+        let mut dst = stream.alloc_zeros::<u8>(len).map_err(e)?;
+        // SAFETY: written in full before any copy reads it.
+        let mut src = unsafe { ctx.alloc_pinned::<u8>(len) }.map_err(e)?;
+        src.as_mut_slice().map_err(e)?.fill(1);
+        let start = Instant::now();
+        let mut n = 0u64;
+        while start.elapsed() < run {
+            stream.memcpy_htod(&src, &mut dst).map_err(e)?;
+            let _event = stream.record_event(None).map_err(e)?;
+            n += 1;
         }
-        Ok(total)
+        stream.synchronize().map_err(e)?;
+        Ok(n)
     })?;
     Ok(total as f64 / run.as_secs_f64())
 }
