@@ -434,7 +434,7 @@ pub(crate) struct ReactorConfig {
     pub(crate) queue_depth: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
-    /// Keep polling this long after the last work while I/O is in flight (0: sleep at once).
+    /// Keep polling this long after the last work while operations are open (0: sleep at once).
     pub(crate) spin: Duration,
 }
 
