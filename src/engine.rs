@@ -15,6 +15,9 @@ use crate::uring::Driver;
 use crate::uring::pread::PreadDriver;
 use crate::uring::ring::UringDriver;
 
+/// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
+pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
+
 /// Which interface serves an engine's I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -89,6 +92,7 @@ pub struct EngineBuilder {
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
+    reactor_tick: std::time::Duration,
 }
 
 impl Default for EngineBuilder {
@@ -103,6 +107,7 @@ impl Default for EngineBuilder {
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
+            reactor_tick: DEFAULT_REACTOR_TICK,
         }
     }
 }
@@ -181,6 +186,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Longest the reactor sleeps while operations are open before it looks at its queue and
+    /// ring again on its own, rung or not (default [`DEFAULT_REACTOR_TICK`];
+    /// `Duration::ZERO`: sleep until woken). An idle engine (no operations) sleeps until
+    /// woken whatever this says. Measured on a 16-core H200 machine, 4 KiB O_DIRECT random
+    /// reads at QD64: 102.7k IOPS without the tick, 115.4k with 100 µs, for +0.07 cores
+    /// (BENCHMARKS.md, "Reactor tick"); a 200 µs spin gave the same for +0.45 cores.
+    pub fn reactor_tick(mut self, tick: std::time::Duration) -> Self {
+        self.reactor_tick = tick;
+        self
+    }
+
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
@@ -234,6 +250,7 @@ impl EngineBuilder {
             queue_depth: self.queue_depth,
             punt_min: self.punt_min,
             spin: self.reactor_spin,
+            tick: self.reactor_tick,
         };
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())

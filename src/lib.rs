@@ -59,7 +59,7 @@ pub mod spdk;
 pub mod uring;
 
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
-pub use engine::{Backend, BackendInfo, Engine, EngineBuilder};
+pub use engine::{Backend, BackendInfo, DEFAULT_REACTOR_TICK, Engine, EngineBuilder};
 pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]
 pub use file::StreamIo;

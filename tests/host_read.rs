@@ -226,10 +226,11 @@ fn futures_are_send() {
 }
 
 #[test]
-fn concurrent_reads_with_a_spinning_reactor() {
-    // The spinning reactor never sleeps between turns while operations are open: completions
+fn concurrent_reads_with_other_reactor_timing() {
+    // A spinning reactor never sleeps between turns while operations are open: completions
     // must still be reaped (io_uring's deferred task work runs only on an enter that asks for
-    // events) and every byte must match; shutdown must still end it.
+    // events) and every byte must match; shutdown must still end it. A reactor without a tick
+    // sleeps until rung: the doorbell alone must carry every request.
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "data", FILE_LEN, 7);
     let data = std::sync::Arc::new(data);
@@ -237,23 +238,38 @@ fn concurrent_reads_with_a_spinning_reactor() {
         .worker_threads(2)
         .build()
         .unwrap();
-    for backend in [gpuio::Backend::Uring, gpuio::Backend::Pread] {
-        let engine = match gpuio::Engine::builder()
-            .backend(backend)
-            .chunk_size(256 << 10)
-            .queue_depth(8)
-            .bounce_slots(16)
-            .reactor_spin(std::time::Duration::from_micros(200))
-            .build()
-        {
-            Ok(e) => e,
-            Err(e) => {
-                skipped(format!("{backend} backend with a spinning reactor: {e}"));
-                continue;
-            }
-        };
-        rt.block_on(concurrent_reads(engine.clone(), path.clone(), data.clone()));
-        rt.block_on(engine.shutdown()).unwrap();
+    let timings = [
+        (
+            "spin 200 us",
+            std::time::Duration::from_micros(200),
+            gpuio::DEFAULT_REACTOR_TICK,
+        ),
+        (
+            "no tick",
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
+        ),
+    ];
+    for (timing, spin, tick) in timings {
+        for backend in [gpuio::Backend::Uring, gpuio::Backend::Pread] {
+            let engine = match gpuio::Engine::builder()
+                .backend(backend)
+                .chunk_size(256 << 10)
+                .queue_depth(8)
+                .bounce_slots(16)
+                .reactor_spin(spin)
+                .reactor_tick(tick)
+                .build()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    skipped(format!("{backend} backend, {timing}: {e}"));
+                    continue;
+                }
+            };
+            rt.block_on(concurrent_reads(engine.clone(), path.clone(), data.clone()));
+            rt.block_on(engine.shutdown()).unwrap();
+        }
     }
 }
 

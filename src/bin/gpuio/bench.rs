@@ -132,6 +132,10 @@ pub struct BenchArgs {
     /// default 0: the engine's default, no spin).
     #[arg(long, value_name = "US")]
     reactor_spin_us: Option<u64>,
+    /// Longest the reactor sleeps while operations are open (microseconds; 0: until woken;
+    /// default: the engine's, 100).
+    #[arg(long, value_name = "US")]
+    reactor_tick_us: Option<u64>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     json: bool,
@@ -486,6 +490,10 @@ async fn measure(
     let engine = match a.reactor_spin_us {
         Some(us) => engine.reactor_spin(Duration::from_micros(us)),
         None => engine,
+    };
+    let engine = match a.reactor_tick_us {
+        Some(us) => engine.reactor_tick(Duration::from_micros(us)),
+        None => engine,
     }
     .build()?;
     let nvme = a.nvme.as_deref().filter(|_| backend == BenchBackend::Spdk);
@@ -681,6 +689,7 @@ async fn measure(
         "bounce_pinned": engine.bounce_pool_pinned(),
         "inline_copies": a.inline_copies,
         "reactor_spin_us": a.reactor_spin_us,
+        "reactor_tick_us": a.reactor_tick_us,
         "ops": all.ops,
         "lat_p50_us": pct(0.5),
         "lat_p99_us": pct(0.99),
