@@ -288,6 +288,9 @@ pub(crate) struct EngineShared {
     pub(crate) dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
     pub(crate) death: std::sync::OnceLock<String>,
+    /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
+    #[cfg(test)]
+    pub(crate) turns: std::sync::atomic::AtomicUsize,
 }
 
 impl EngineShared {
@@ -298,6 +301,8 @@ impl EngineShared {
             arena,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            turns: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -436,7 +441,7 @@ pub(crate) struct ReactorConfig {
     pub(crate) punt_min: Option<usize>,
     /// Keep polling this long after the last work while operations are open (0: sleep at once).
     pub(crate) spin: Duration,
-    /// Sleep at most this long while operations are open (0: until woken).
+    /// Sleep at most this long while I/O is in the kernel (0: until woken).
     pub(crate) tick: Duration,
 }
 
@@ -638,6 +643,8 @@ impl Reactor {
 
     fn run(&mut self) -> std::io::Result<()> {
         loop {
+            #[cfg(test)]
+            self.engine.turns.fetch_add(1, Ordering::Relaxed);
             loop {
                 match self.rx.try_recv() {
                     Ok(m) => {
@@ -685,9 +692,11 @@ impl Reactor {
             };
             #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
             let mut timeout = (!self.gated.is_empty()).then_some(GATE_POLL_INTERVAL);
-            if timeout.is_none() && !self.ops.is_empty() && !self.cfg.tick.is_zero() {
+            if timeout.is_none() && !self.ios.is_empty() && !self.cfg.tick.is_zero() {
                 // Look again soon even if nothing rings: measured faster for small requests
                 // than relying on the doorbell alone (see `EngineBuilder::reactor_tick`).
+                // Only while I/O is in the kernel, so leaked operations (open for good) never
+                // keep an otherwise idle reactor waking.
                 timeout = Some(self.cfg.tick);
             }
             let mut block = block;
@@ -1622,6 +1631,48 @@ mod tests {
                 let e = engine.shutdown().await.unwrap_err();
                 assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
             });
+        }
+    }
+
+    /// The tick wakes the reactor only while I/O is in the kernel: an engine whose one open
+    /// operation is a leaked write (handed its slots to fill, never polled again, so open for
+    /// good) goes to sleep.
+    #[test]
+    fn reactor_with_only_a_leaked_op_sleeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        for backend in [crate::Backend::Uring, crate::Backend::Pread] {
+            let engine = match crate::Engine::builder()
+                .backend(backend)
+                .reactor_tick(Duration::from_micros(100))
+                .build()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("SKIPPED {backend:?} in the idle-reactor test: {e}");
+                    continue;
+                }
+            };
+            let file = crate::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .open(&engine, &path)
+                .unwrap();
+            let buf = vec![3u8; 1 << 16];
+            let mut fut = Box::pin(file.write_from(&buf, 0));
+            let waker = futures::task::noop_waker();
+            let mut cx = std::task::Context::from_waker(&waker);
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            std::mem::forget(fut);
+            std::thread::sleep(Duration::from_millis(200));
+            let before = engine.shared().turns.load(Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(200));
+            let turns = engine.shared().turns.load(Ordering::Relaxed) - before;
+            // A 100 µs tick would turn about 2000 times in 200 ms.
+            assert!(
+                turns < 50,
+                "{backend:?}: idle reactor turned {turns} times in 200 ms"
+            );
         }
     }
 }

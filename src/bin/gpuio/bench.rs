@@ -132,7 +132,7 @@ pub struct BenchArgs {
     /// default 0: the engine's default, no spin).
     #[arg(long, value_name = "US")]
     reactor_spin_us: Option<u64>,
-    /// Longest the reactor sleeps while operations are open (microseconds; 0: until woken;
+    /// Longest the reactor sleeps while I/O is in the kernel (microseconds; 0: until woken;
     /// default: the engine's, 100).
     #[arg(long, value_name = "US")]
     reactor_tick_us: Option<u64>,
