@@ -1650,8 +1650,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
         for backend in [crate::Backend::Uring, crate::Backend::Pread] {
+            // Four 64 KiB blocks, so one op holds one block at a time: the 4 MiB write below
+            // needs 64 rounds of filling, more than one poll runs, and the leaked op stays
+            // open whatever the timing.
             let engine = match crate::Engine::builder()
                 .backend(backend)
+                .chunk_size(64 << 10)
+                .bounce_slots(4)
                 .reactor_tick(Duration::from_micros(100))
                 .build()
             {
@@ -1666,7 +1671,7 @@ mod tests {
                 .create(true)
                 .open(&engine, &path)
                 .unwrap();
-            let buf = vec![3u8; 1 << 16];
+            let buf = vec![3u8; 4 << 20];
             let mut fut = Box::pin(file.write_from(&buf, 0));
             let waker = futures::task::noop_waker();
             let mut cx = std::task::Context::from_waker(&waker);
