@@ -88,9 +88,17 @@ async fn truncated_while_a_large_read_runs() {
                 );
                 if n < LEN {
                     short += 1;
+                    // Pieces can finish before the truncation lands (a loaded machine may
+                    // run the reactor well ahead of this thread), so a count past the cut
+                    // is a true answer: those bytes were in the file when they were read,
+                    // and the comparison above proves they are the file's. But such a
+                    // read can only have stopped where a later piece or page found the new
+                    // end, which is page-aligned: anything else means a count that does
+                    // not match what the pieces returned.
                     assert!(
-                        n as u64 <= cut,
-                        "{name}: short count {n} past the truncation point {cut}"
+                        n as u64 <= cut || n % 4096 == 0,
+                        "{name} direct={direct}: short count {n} past the truncation point \
+                         {cut} and not where a piece or page ends"
                     );
                 }
                 // A read after the truncation sees exactly the new length.
