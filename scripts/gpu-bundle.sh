@@ -46,6 +46,11 @@ if fio_bin=$(bash scripts/fio.sh build 2>/dev/null); then
 else
   echo "gpu-bundle: fio could not be built; --compare will measure gpuio alone there" >&2
 fi
+# KvikIO's C++ library and a peer program built against it (the GPU machine has no network,
+# no compiler and no CuPy), for the rows that compare with KvikIO.
+if ! bash scripts/kvikio-peer.sh bundle "$OUT/kvikio" >/dev/null; then
+  echo "gpu-bundle: the KvikIO peer could not be built; its rows will say so" >&2
+fi
 # SPDK (the initiator library, nvmf_tgt, perf and the libraries they need), built here once
 # by scripts/spdk.sh: the GPU machine has no compiler and no package manager.
 if bash scripts/spdk.sh build >/dev/null 2>&1; then
@@ -61,7 +66,7 @@ cat > "$OUT/run.sh" <<'RUN'
 # Phase A runs every test as the machine comes (AUTO falls back to the bounce path where
 # cuFile cannot register files); phase B gives cuFile the udev data it needs (root only, see
 # ENVIRONMENT.md), requires cuFile in the cuFile and device tests, and benchmarks cuFile
-# against the bounce path (and KvikIO, when its wheels are installed) on the same file.
+# against the bounce path on the same file; the fio rows compare with fio and KvikIO.
 set -uo pipefail
 cd "$(dirname "$0")"
 LOGS=${LOGS:-$PWD/logs}
@@ -132,14 +137,24 @@ unset GPUIO_REQUIRE_GDS GPUIO_EXPECT_AUTO
 if [ "${FIO_COMPARE:-1}" = 1 ] && command -v fio >/dev/null; then
   W="$GPUIO_TEST_DIR/write.bin"
   # label|file|gpuio bench args|environment (optional, e.g. the runtime's worker count)
+  # Rows whose label starts with "warm" read the file into the page cache first; the others
+  # drop it. Rows with $KV in their environment compare with KvikIO too (its best thread
+  # count of KVIKIO_THREADS, default 8,16,32).
+  KV="GPUIO_KVIKIO_PEER=$PWD/kvikio/kvikio-peer"
   while IFS='|' read -r label file args envs; do
     [ -z "$label" ] && continue
-    drop_caches
+    case "$label" in warm*) cat "$file" > /dev/null ;; *) drop_caches ;; esac
+    case "$envs" in *GPUIO_KVIKIO_PEER*) args="$args --kvikio-threads ${KVIKIO_THREADS:-8,16,32}" ;; esac
     # shellcheck disable=SC2086
     env $envs ./bin/gpuio bench --file "$file" --size 4G $args --seconds "${FIO_SECONDS:-4}" --rounds "${FIO_ROUNDS:-3}" --compare > "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt" 2>&1
-    TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt")")")
+    log="$LOGS/fio-${label//[^A-Za-z0-9_.-]/_}.txt"
+    TABLE+=("$(printf '%-34s' "$label") $(grep 'vs fio' "$log" | sed 's/.*): //' || echo "FAILED: $(tail -1 "$log")")")
+    case "$envs" in *GPUIO_KVIKIO_PEER*)
+      TABLE+=("$(printf '%-34s' "$label") $(grep 'vs kvikio' "$log" | sed 's/.*(medians of [0-9]*, //' || grep -- '--compare' "$log" | tail -1)") ;;
+    esac
   done <<EOF_SPECS
-O_DIRECT 4M qd16 to gpu|$F|--bs 4M --qd 16 --direct --to gpu
+warm 16M qd8 to gpu|$F|--bs 16M --qd 8 --to gpu|$KV
+O_DIRECT 4M qd16 to gpu|$F|--bs 4M --qd 16 --direct --to gpu|$KV
 O_DIRECT 4K rand qd64 to gpu|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu
 O_DIRECT 4K rand qd128 to gpu|$F|--bs 4K --qd 128 --pattern rand --direct --to gpu
 O_DIRECT 4K rand qd64 to gpu, 2 workers|$F|--bs 4K --qd 64 --pattern rand --direct --to gpu|TOKIO_WORKER_THREADS=2
@@ -262,16 +277,6 @@ if [ "${STORM_MINUTES:-1}" != 0 ]; then
 fi
 [ ${#nvme_args[@]} -gt 0 ] && bash spdk.sh stop --port 4422
 
-# KvikIO on the same file, warm then cold, where its wheels are installed.
-if python3 peers/kvikio_read.py "$F" 8 16 --reps 2 > "$LOGS/kvikio-warm.jsonl" 2> "$LOGS/kvikio.err"; then
-  python3 peers/kvikio_read.py "$F" 8 16 --reps 2 --cold > "$LOGS/kvikio-cold.jsonl" 2>> "$LOGS/kvikio.err"
-  while read -r l; do TABLE+=("kvikio $l"); done < <(cat "$LOGS"/kvikio-*.jsonl | python3 -c '
-import json, sys
-for line in sys.stdin:
-    j = json.loads(line); print("%s threads=%d %.2f GB/s" % ("cold" if j["cold"] else "warm", j["threads"], j["gbps"]))')
-else
-  TABLE+=("kvikio: not measured: $(tail -1 "$LOGS/kvikio.err")")
-fi
 echo
 echo "==== gpuio GPU bundle summary ===="
 cat "$LOGS/verdicts.txt" 2>/dev/null

@@ -139,10 +139,15 @@ pub struct BenchArgs {
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     json: bool,
-    /// Run fio (io_uring engine) on the same file with the same settings, alternating with
-    /// gpuio, and print the ratios.
+    /// Run the peers on the same target with the same settings, alternating with gpuio, and
+    /// print the ratios: fio (io_uring engine) on files, SPDK's perf on NVMe namespaces, and
+    /// KvikIO on files where its peer program is found (`kvikio-peer` on PATH or named by
+    /// GPUIO_KVIKIO_PEER; `scripts/kvikio-peer.sh` builds it).
     #[arg(long)]
     compare: bool,
+    /// KvikIO thread-pool sizes to try under --compare; the best one stands for KvikIO.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "8,16,32")]
+    kvikio_threads: Vec<usize>,
     /// Rounds per point (alternating with fio under --compare); medians are reported.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
@@ -211,15 +216,15 @@ pub struct Measurement {
     pub lat_p99_us: u32,
     /// CPU cores the whole process kept busy (user + system) while it ran.
     pub cores: f64,
-    /// The peer (fio, or SPDK's perf for `spdk`) on the same target and settings (medians),
-    /// under --compare.
-    pub peer: Option<PeerResult>,
+    /// The peers on the same target and settings (medians), under --compare: fio (or SPDK's
+    /// perf for `spdk`) first, then KvikIO where it ran.
+    pub peers: Vec<PeerResult>,
 }
 
 /// A peer's throughput at one point.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PeerResult {
-    /// `fio` or `spdk-perf`.
+    /// `fio`, `spdk-perf` or `kvikio`.
     pub name: &'static str,
     /// Bytes per second / 1e9.
     pub gbps: f64,
@@ -227,6 +232,30 @@ pub struct PeerResult {
     pub iops: f64,
     /// CPU cores the peer kept busy (user + system), where it reports them.
     pub cores: Option<f64>,
+    /// How the peer ran, where it chose (KvikIO's best thread count).
+    pub detail: Option<String>,
+}
+
+/// The median of a peer's rounds (each figure separately), standing for the point.
+fn median_peer(rounds: &[PeerResult]) -> PeerResult {
+    let med = |f: &dyn Fn(&PeerResult) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // The detail of the median round by throughput.
+    let mut by_gbps: Vec<&PeerResult> = rounds.iter().collect();
+    by_gbps.sort_by(|x, y| x.gbps.total_cmp(&y.gbps));
+    PeerResult {
+        name: rounds[0].name,
+        gbps: med(&|p| p.gbps),
+        iops: med(&|p| p.iops),
+        cores: rounds
+            .iter()
+            .all(|p| p.cores.is_some())
+            .then(|| med(&|p| p.cores.unwrap_or(0.0))),
+        detail: by_gbps[by_gbps.len() / 2].detail.clone(),
+    }
 }
 
 struct TaskStats {
@@ -319,6 +348,24 @@ pub async fn run(a: BenchArgs) -> CliResult {
     } else {
         None
     };
+    let mut kvikio = if a.compare && needs_file {
+        match kvikio_peer_binary() {
+            Ok(bin) if a.pattern == Pattern::Batch => {
+                eprintln!(
+                    "--compare: {} found, but batches are not compared with KvikIO",
+                    bin.display()
+                );
+                None
+            }
+            Ok(bin) => Some(bin),
+            Err(why) => {
+                eprintln!("--compare: {why}; measuring without KvikIO");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let mut results = Vec::new();
     for &backend in &a.backend {
         for bs in a.bs.iter().map(|b| b.0) {
@@ -326,6 +373,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
                 let point = Point { backend, bs, qd };
                 let mut ours = Vec::with_capacity(rounds);
                 let mut peer = Vec::with_capacity(rounds);
+                let mut kv = Vec::with_capacity(rounds);
                 let span = if backend == BenchBackend::Spdk {
                     nvme_span
                 } else {
@@ -342,30 +390,43 @@ pub async fn run(a: BenchArgs) -> CliResult {
                         }
                         _ => {}
                     }
+                    if let (BenchBackend::Engine(_), Some(bin)) = (backend, &kvikio) {
+                        match kvikio_peer(&a, point, bin, &path, span).await {
+                            Ok(r) => kv.push(r),
+                            Err(why) => {
+                                // A machine KvikIO cannot run on (no CUDA driver, say): say
+                                // so once and go on with the other peers.
+                                eprintln!("--compare: KvikIO did not run: {why}");
+                                kvikio = None;
+                                kv.clear();
+                            }
+                        }
+                    }
                 }
                 // The median round by throughput stands for the point.
                 ours.sort_by(|x, y| x.result.gbps.total_cmp(&y.result.gbps));
                 let mut m = ours.swap_remove(ours.len() / 2);
-                if !peer.is_empty() {
-                    let med = |f: fn(&PeerResult) -> f64| {
-                        let mut v: Vec<f64> = peer.iter().map(f).collect();
-                        v.sort_by(f64::total_cmp);
-                        v[v.len() / 2]
-                    };
-                    let p = PeerResult {
-                        name: peer[0].name,
-                        gbps: med(|p| p.gbps),
-                        iops: med(|p| p.iops),
-                        cores: peer
-                            .iter()
-                            .all(|p| p.cores.is_some())
-                            .then(|| med(|p| p.cores.unwrap_or(0.0))),
-                    };
+                let peers: Vec<PeerResult> = [peer, kv]
+                    .iter()
+                    .filter(|r| !r.is_empty())
+                    .map(|r| median_peer(r))
+                    .collect();
+                for (i, p) in peers.iter().enumerate() {
                     let name = p.name;
+                    let per_gb = |cores: f64, gbps: f64| {
+                        if gbps > 0.0 {
+                            format!("{:.3}", cores / gbps)
+                        } else {
+                            "-".to_string()
+                        }
+                    };
                     println!(
-                        "  vs {name} (medians of {rounds}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
+                        "  vs {name} (medians of {rounds}{}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
                          {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS); \
-                         CPU cores gpuio {:.2}, {name} {}",
+                         CPU cores gpuio {:.2}, {name} {}; CPU s/GB gpuio {}, {name} {}",
+                        p.detail
+                            .as_ref()
+                            .map_or_else(String::new, |d| format!(", {d}")),
                         m.result.gbps,
                         m.result.iops,
                         p.gbps,
@@ -375,14 +436,28 @@ pub async fn run(a: BenchArgs) -> CliResult {
                         m.result.cores,
                         p.cores
                             .map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
+                        per_gb(m.result.cores, m.result.gbps),
+                        p.cores
+                            .map_or_else(|| "-".to_string(), |c| per_gb(c, p.gbps)),
                     );
-                    m.json["peer"] = name.into();
-                    m.json[format!("{}_gbps", name.replace('-', "_"))] = p.gbps.into();
-                    m.json[format!("{}_iops", name.replace('-', "_"))] = p.iops.into();
-                    m.json["ratio_gbps"] = (m.result.gbps / p.gbps).into();
-                    m.json["ratio_iops"] = (m.result.iops / p.iops).into();
-                    m.result.peer = Some(p);
+                    let key = name.replace('-', "_");
+                    if i == 0 {
+                        m.json["peer"] = name.into();
+                        m.json["ratio_gbps"] = (m.result.gbps / p.gbps).into();
+                        m.json["ratio_iops"] = (m.result.iops / p.iops).into();
+                    }
+                    m.json[format!("{key}_gbps")] = p.gbps.into();
+                    m.json[format!("{key}_iops")] = p.iops.into();
+                    m.json[format!("ratio_{key}_gbps")] = (m.result.gbps / p.gbps).into();
+                    m.json[format!("ratio_{key}_iops")] = (m.result.iops / p.iops).into();
+                    if let Some(c) = p.cores {
+                        m.json[format!("{key}_cores")] = c.into();
+                    }
+                    if let Some(d) = &p.detail {
+                        m.json[format!("{key}_detail")] = d.clone().into();
+                    }
                 }
+                m.result.peers = peers;
                 if a.json {
                     println!("{}", m.json);
                 }
@@ -390,7 +465,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
             }
         }
     }
-    if results.len() > 1 || results.iter().any(|m| m.peer.is_some()) {
+    if results.len() > 1 || results.iter().any(|m| !m.peers.is_empty()) {
         println!(
             "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  {:>9} {:>10} {:>7}  served by (peer)",
             "backend",
@@ -405,26 +480,35 @@ pub async fn run(a: BenchArgs) -> CliResult {
             "ratio"
         );
         for m in &results {
-            let (fg, fi, ratio, who) = match m.peer {
-                Some(f) => (
-                    format!("{:.3}", f.gbps),
-                    format!("{:.0}", f.iops),
-                    format!("{:.2}", m.gbps / f.gbps),
-                    format!(" ({})", f.name),
-                ),
-                None => ("-".into(), "-".into(), "-".into(), String::new()),
+            // One row per peer (the gpuio columns repeat), or one without a peer.
+            let rows: Vec<(String, String, String, String)> = if m.peers.is_empty() {
+                vec![("-".into(), "-".into(), "-".into(), String::new())]
+            } else {
+                m.peers
+                    .iter()
+                    .map(|f| {
+                        (
+                            format!("{:.3}", f.gbps),
+                            format!("{:.0}", f.iops),
+                            format!("{:.2}", m.gbps / f.gbps),
+                            format!(" ({})", f.name),
+                        )
+                    })
+                    .collect()
             };
-            println!(
-                "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}{who}",
-                m.point.backend.to_string(),
-                short_size(m.point.bs),
-                m.point.qd,
-                m.gbps,
-                m.iops,
-                m.lat_p50_us,
-                m.lat_p99_us,
-                m.served_by
-            );
+            for (fg, fi, ratio, who) in rows {
+                println!(
+                    "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}{who}",
+                    m.point.backend.to_string(),
+                    short_size(m.point.bs),
+                    m.point.qd,
+                    m.gbps,
+                    m.iops,
+                    m.lat_p50_us,
+                    m.lat_p99_us,
+                    m.served_by
+                );
+            }
         }
     }
     if let Some(p) = &a.plot {
@@ -704,7 +788,7 @@ async fn measure(
             lat_p50_us: pct(0.5),
             lat_p99_us: pct(0.99),
             cores: cpu / secs,
-            peer: None,
+            peers: Vec::new(),
         },
         json,
     })
@@ -798,6 +882,115 @@ async fn fio(
         gbps: bw / 1e9,
         iops,
         cores,
+        detail: None,
+    })
+}
+
+/// The KvikIO peer program (`scripts/kvikio-peer.sh` builds it): GPUIO_KVIKIO_PEER, else
+/// `kvikio-peer` on PATH; or why there is none.
+fn kvikio_peer_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("GPUIO_KVIKIO_PEER") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("GPUIO_KVIKIO_PEER={} is not a file", p.display()))
+        };
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kvikio-peer"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "no KvikIO peer (kvikio-peer on PATH or GPUIO_KVIKIO_PEER; \
+             scripts/kvikio-peer.sh builds it)"
+                .to_string()
+        })
+}
+
+/// KvikIO with the point's settings on the same file: `qd` requests of `bs` bytes in flight
+/// through `FileHandle::pread`/`pwrite` (KvikIO splits each over its thread pool), into the
+/// same kind of memory, for `--seconds` per thread count of `--kvikio-threads`; the best
+/// thread count stands for KvikIO. KvikIO runs in its POSIX (compatibility) mode, its fastest
+/// path on machines without nvidia-fs (ENVIRONMENT.md).
+async fn kvikio_peer(
+    a: &BenchArgs,
+    point: Point,
+    bin: &std::path::Path,
+    path: &std::path::Path,
+    span: u64,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let threads: Vec<String> = a.kvikio_threads.iter().map(|t| t.to_string()).collect();
+    let mut args = vec![
+        "--file".to_string(),
+        path.display().to_string(),
+        "--span".into(),
+        span.to_string(),
+        "--bs".into(),
+        point.bs.to_string(),
+        "--qd".into(),
+        point.qd.to_string(),
+        "--seconds".into(),
+        a.seconds.to_string(),
+        "--pattern".into(),
+        if a.pattern == Pattern::Seq {
+            "seq"
+        } else {
+            "rand"
+        }
+        .into(),
+        "--rw".into(),
+        if a.rw == Rw::Read { "read" } else { "write" }.into(),
+        "--threads".into(),
+        threads.join(","),
+    ];
+    if a.direct {
+        args.push("--direct".into());
+    }
+    if let Target::Gpu(n) = a.to {
+        args.extend(["--gpu".into(), "--device".into(), n.to_string()]);
+    }
+    let bin = bin.to_path_buf();
+    let out =
+        tokio::task::spawn_blocking(move || std::process::Command::new(&bin).args(&args).output())
+            .await??;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .to_string()
+            .into());
+    }
+    Ok(parse_kvikio_peer(&String::from_utf8_lossy(&out.stdout))?)
+}
+
+/// The KvikIO peer's result: its `{"best":true,...}` line (one line per thread count before).
+fn parse_kvikio_peer(text: &str) -> Result<PeerResult, String> {
+    let best = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["best"].as_bool() == Some(true))
+        .ok_or_else(|| {
+            format!(
+                "no result line in the KvikIO peer's output: {}",
+                text.trim()
+            )
+        })?;
+    let (Some(gbps), Some(iops), Some(threads)) = (
+        best["gbps"].as_f64(),
+        best["iops"].as_f64(),
+        best["threads"].as_u64(),
+    ) else {
+        return Err(format!(
+            "the KvikIO peer's result line lacks figures: {best}"
+        ));
+    };
+    Ok(PeerResult {
+        name: "kvikio",
+        gbps,
+        iops,
+        cores: best["cores"].as_f64(),
+        detail: Some(format!("KvikIO best at {threads} threads")),
     })
 }
 
@@ -884,6 +1077,7 @@ async fn spdk_perf(
         iops,
         // perf does not report it (it busy-polls its one core by design).
         cores: None,
+        detail: None,
     })
 }
 
@@ -902,4 +1096,58 @@ async fn fill(engine: &Engine, path: &std::path::Path, size: u64) -> CliResult {
     }
     f.sync_all().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(gbps: f64, cores: Option<f64>, detail: &str) -> PeerResult {
+        PeerResult {
+            name: "kvikio",
+            gbps,
+            iops: gbps * 1000.0,
+            cores,
+            detail: Some(detail.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_peer_point_is_the_median_of_its_rounds() {
+        let m = median_peer(&[
+            peer(47.0, Some(2.0), "8"),
+            peer(31.0, Some(1.0), "4"),
+            peer(46.0, Some(3.0), "16"),
+        ]);
+        assert_eq!(m.gbps, 46.0);
+        assert_eq!(m.iops, 46000.0);
+        assert_eq!(m.cores, Some(2.0));
+        // The detail comes from the median round by throughput.
+        assert_eq!(m.detail.as_deref(), Some("16"));
+        // One round without a CPU figure: no CPU figure for the point.
+        let m = median_peer(&[peer(1.0, Some(1.0), "a"), peer(2.0, None, "b")]);
+        assert_eq!(m.cores, None);
+    }
+
+    #[test]
+    fn the_kvikio_peer_reports_its_best_thread_count() {
+        let out = concat!(
+            r#"{"threads":8,"gbps":47.1,"iops":2807.0,"cores":3.2}"#,
+            "\n",
+            r#"{"threads":16,"gbps":46.5,"iops":2771.0,"cores":5.0}"#,
+            "\n",
+            r#"{"best":true,"threads":8,"gbps":47.1,"iops":2807.0,"cores":3.2,"memory":"device"}"#,
+            "\n"
+        );
+        let p = parse_kvikio_peer(out).unwrap();
+        assert_eq!(
+            (p.name, p.gbps, p.iops, p.cores),
+            ("kvikio", 47.1, 2807.0, Some(3.2))
+        );
+        assert_eq!(p.detail.as_deref(), Some("KvikIO best at 8 threads"));
+        let err = parse_kvikio_peer(r#"{"threads":8,"gbps":1.0}"#).unwrap_err();
+        assert!(err.contains("no result line"), "{err}");
+        let err = parse_kvikio_peer(r#"{"best":true,"gbps":1.0}"#).unwrap_err();
+        assert!(err.contains("lacks figures"), "{err}");
+    }
 }
