@@ -851,6 +851,9 @@ async fn fio(
         format!("--iodepth={depth}"),
         "--ioengine=io_uring".to_string(),
         format!("--direct={}", u8::from(a.direct)),
+        // fio drops the file's page cache before it starts unless told not to: a buffered
+        // point would then measure fio cold (and leave gpuio's next round cold too).
+        "--invalidate=0".to_string(),
         "--time_based".to_string(),
         format!("--runtime={}", a.seconds.ceil().max(1.0) as u64),
         "--output-format=json".to_string(),
