@@ -321,7 +321,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let span = match a.rw {
         _ if !needs_file => nvme_span,
         Rw::Read => {
-            let len = std::fs::metadata(&path)?.len();
+            let len = file_len(&path)?;
             if a.file.is_some() {
                 len.min(a.size.0)
             } else {
@@ -887,6 +887,16 @@ async fn fio(
         cores,
         detail: None,
     })
+}
+
+/// Bytes in a regular file or a block device (whose metadata says 0): where its end is.
+fn file_len(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::Seek;
+    let meta = std::fs::metadata(path)?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    std::fs::File::open(path)?.seek(std::io::SeekFrom::End(0))
 }
 
 /// The KvikIO peer program (`scripts/kvikio-peer.sh` builds it): GPUIO_KVIKIO_PEER, else
