@@ -7,8 +7,7 @@
 //! `cargo run --release --example uring_ceiling -- FILE [QD] [SECONDS] [VARIANT...]`, variants
 //! `defer` (SINGLE_ISSUER|DEFER_TASKRUN), `doorbell` (eventfd read armed), `handoff`
 //! (completions round-trip through a second thread), `peers16` (through sixteen threads in
-//! turn). The file must exist and be at least
-//! 1 MiB; it is only read.
+//! turn). The file (or block device) must exist and be at least 1 MiB; it is only read.
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,7 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
-    let blocks = file.metadata()?.len() / BS as u64;
+    // Where the end is: a block device's metadata says 0 bytes.
+    let blocks = std::io::Seek::seek(&mut &file, std::io::SeekFrom::End(0))? / BS as u64;
     if blocks < 256 {
         return Err("the file must be at least 1 MiB".into());
     }
