@@ -271,10 +271,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
     }
     if a.bs.iter().any(|b| b.0 == 0)
         || a.qd.contains(&0)
+        || a.kvikio_threads.contains(&0)
         || !a.seconds.is_finite()
         || a.seconds <= 0.0
     {
-        return Err("--bs, --qd and --seconds must be positive".into());
+        return Err("--bs, --qd, --seconds and --kvikio-threads must be positive".into());
     }
     if let Some(p) = &a.plot {
         if p.extension().and_then(|e| e.to_str()) != Some("svg") {
