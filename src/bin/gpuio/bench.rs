@@ -322,7 +322,8 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let span = match a.rw {
         _ if !needs_file => nvme_span,
         Rw::Read => {
-            let len = file_len(&path)?;
+            // The library's length: a block device's metadata says 0 bytes.
+            let len = Engine::new()?.open(&path)?.len()?;
             if a.file.is_some() {
                 len.min(a.size.0)
             } else {
@@ -888,16 +889,6 @@ async fn fio(
         cores,
         detail: None,
     })
-}
-
-/// Bytes in a regular file or a block device (whose metadata says 0): where its end is.
-fn file_len(path: &std::path::Path) -> std::io::Result<u64> {
-    use std::io::Seek;
-    let meta = std::fs::metadata(path)?;
-    if meta.is_file() {
-        return Ok(meta.len());
-    }
-    std::fs::File::open(path)?.seek(std::io::SeekFrom::End(0))
 }
 
 /// The KvikIO peer program (`scripts/kvikio-peer.sh` builds it): GPUIO_KVIKIO_PEER, else
