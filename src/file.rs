@@ -563,6 +563,7 @@ impl File {
                         offset,
                         len,
                         device,
+                        owned: None,
                     },
                     _ => OpRequest::Write {
                         file,
@@ -754,9 +755,74 @@ impl File {
     }
 
     /// Reads into an owned buffer (its whole length) and hands it back with the result.
-    pub async fn read_owned<B: IoBufMut>(&self, mut buf: B, offset: u64) -> (Result<usize>, B) {
-        let r = self.read_into(&mut buf, offset).await;
-        (r, buf)
+    ///
+    /// For `Vec<u8>` and `bytes::BytesMut` (host memory), where the read needs
+    /// no widening (buffered files; O_DIRECT with offset, length and buffer address aligned
+    /// to the file's [`File::direct_alignment`]) and the file is not an NVMe namespace, the kernel reads
+    /// straight into the buffer: no bounce slot, no copy. The engine owns the buffer until the
+    /// kernel is done with it, so dropping or leaking this future mid-flight stays sound (a
+    /// dropped future's buffer is freed after the read lands; if the engine dies with the read
+    /// in the kernel the buffer is leaked and an empty one comes back with the error). Every
+    /// other buffer is read through bounce slots like [`File::read_into`].
+    pub async fn read_owned<B: IoBufMut>(&self, buf: B, offset: u64) -> (Result<usize>, B) {
+        match crate::buf::owned::OwnedHostBuf::take(buf) {
+            Ok(mut owned) => {
+                let (addr, len) = owned.addr_len();
+                let a = self.inner.align.max(1);
+                let in_place = self.inner.nvme.is_none()
+                    && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0));
+                if !in_place {
+                    let r = self.read_into(owned.as_mut_slice(), offset).await;
+                    return (r, owned.into_original());
+                }
+                let r = self.read_in_place(owned, offset, len, addr).await;
+                (r.0, r.1.into_original())
+            }
+            Err(mut buf) => {
+                let r = self.read_into(&mut buf, offset).await;
+                (r, buf)
+            }
+        }
+    }
+
+    /// The in-place half of [`File::read_owned`]: the reactor reads into `owned` directly.
+    async fn read_in_place<B: 'static>(
+        &self,
+        owned: crate::buf::owned::OwnedHostBuf<B>,
+        offset: u64,
+        len: usize,
+        addr: usize,
+    ) -> (Result<usize>, crate::buf::owned::OwnedHostBuf<B>) {
+        if let Err(e) = self.check(OpKind::Read, offset, len) {
+            return (Err(e), owned);
+        }
+        if len == 0 {
+            return (Ok(0), owned);
+        }
+        let kind = owned.kind();
+        let req = OpRequest::Read {
+            file: self.inner.clone(),
+            offset,
+            len: len as u64,
+            device: None,
+            owned: Some(crate::reactor::OwnedTarget {
+                addr,
+                keep: owned.into_any(),
+            }),
+        };
+        let mut fut = OpFuture::new(
+            self.engine.shared().clone(),
+            req,
+            crate::reactor::read::OwnedReturn::default(),
+        );
+        let r = (&mut fut).await;
+        let back = fut.transfer_mut().back.take();
+        let owned = back
+            .and_then(|b| crate::buf::owned::OwnedHostBuf::<B>::from_any(b, kind))
+            // The reactor kept the buffer because the kernel may still write it (it died
+            // with the read in flight): an empty buffer of the same kind comes back.
+            .unwrap_or_else(|| crate::buf::owned::OwnedHostBuf::empty(kind));
+        (crate::reactor::to_usize(r), owned)
     }
 
     /// Writes an owned buffer (its whole length) and hands it back with the result.

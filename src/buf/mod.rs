@@ -7,6 +7,7 @@
 //! come back with its result.
 
 pub(crate) mod arena;
+pub(crate) mod owned;
 
 use bytes::{Bytes, BytesMut};
 

@@ -67,6 +67,17 @@ pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
 #[cfg(not(feature = "cuda"))]
 pub(crate) type DeviceCtx = std::convert::Infallible;
 
+/// Caller memory the reactor owns for the length of a read (`File::read_owned`): the kernel
+/// reads straight into it, no bounce slot and no copy. The reactor holds `keep` (the owned
+/// buffer, whose heap memory `addr` points into) until the kernel is done with every piece,
+/// then hands it back through `OpShared`, or drops it if the future was dropped; it never
+/// frees it while a piece may still land (a dead reactor leaks it instead).
+pub(crate) struct OwnedTarget {
+    /// Address of the buffer's first byte (file offset `offset` of the read).
+    pub(crate) addr: usize,
+    pub(crate) keep: Box<dyn std::any::Any + Send>,
+}
+
 /// What the caller asked for.
 pub(crate) enum OpRequest {
     Read {
@@ -74,6 +85,8 @@ pub(crate) enum OpRequest {
         offset: u64,
         len: u64,
         device: DeviceHint,
+        /// Read straight into this owned buffer (host memory, aligned for the file).
+        owned: Option<OwnedTarget>,
     },
     Write {
         file: Arc<FileInner>,
@@ -116,8 +129,14 @@ impl SubmitMsg {
     fn refuse(&mut self, why: impl FnOnce(Context) -> Error) {
         if let Some(s) = self.shared.take() {
             let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
-            if let Some(r) = &self.req {
+            if let Some(r) = &mut self.req {
                 ctx = ctx.with_path(&r.file().path);
+                // Never submitted: an owned buffer goes back untouched.
+                if let OpRequest::Read { owned, .. } = r {
+                    if let Some(o) = owned.take() {
+                        s.give_back(o.keep);
+                    }
+                }
             }
             s.complete(Err(why(ctx)));
         }
@@ -365,6 +384,15 @@ impl Plan {
         }
     }
 
+    /// Whether the pieces cover exactly `[offset, offset + len)`, no wider (an aligned read).
+    fn covers_exactly(&self, offset: u64, len: u64) -> bool {
+        let n = self.len();
+        n == 0 || {
+            let (first, last) = (self.piece(0), self.piece(n - 1));
+            first.pos == offset && last.pos + last.len as u64 == offset + len
+        }
+    }
+
     fn piece(&self, i: usize) -> Piece {
         match self {
             Plan::Read(p) => p.piece(i),
@@ -405,6 +433,8 @@ struct OpEntry {
     backend: &'static str,
     /// Pieces to run again on the bounce path after cuFile turned the file down.
     retry: Vec<Piece>,
+    /// The caller's owned buffer the pieces are read into (instead of bounce slots).
+    owned: Option<OwnedTarget>,
 }
 
 impl OpEntry {
@@ -602,7 +632,14 @@ impl Reactor {
 
     fn die(&mut self, reason: String) {
         tracing::error!(%reason, "gpuio reactor died");
-        for (_, op) in self.ops.iter() {
+        let in_kernel = !self.ios.is_empty();
+        for (_, op) in self.ops.iter_mut() {
+            if !in_kernel {
+                // Nothing can land in an owned buffer any more: it goes back with the error.
+                if let Some(o) = op.owned.take() {
+                    op.shared.give_back(o.keep);
+                }
+            }
             op.shared.complete(Err(Error::ReactorDied {
                 ctx: Box::new(op.ctx(op.offset)),
                 reason: reason.clone(),
@@ -617,6 +654,8 @@ impl Reactor {
         // The kernel may still write into bounce slots and the doorbell buffer: unless all of
         // it is accounted for, never unmap them. A dead engine leaks; it must not corrupt.
         if !self.ios.is_empty() || self.retire_doorbell().is_err() {
+            // Owned buffers of ops with pieces in the kernel, too.
+            std::mem::forget(std::mem::take(&mut self.ops));
             std::mem::forget(self.driver.take());
             std::mem::forget(self.spdk.take());
             std::mem::forget(self.arena.clone());
@@ -984,27 +1023,35 @@ impl Reactor {
 
     fn accept(&mut self, shared: Arc<OpShared>, req: OpRequest) {
         let kind = req.op_kind();
-        let (file, offset, len, device) = match req {
+        let (file, offset, len, device, owned) = match req {
             OpRequest::Read {
                 file,
                 offset,
                 len,
                 device,
-            }
-            | OpRequest::Write {
+                owned,
+            } => (file, offset, len, device, owned),
+            OpRequest::Write {
                 file,
                 offset,
                 len,
                 device,
-            } => (file, offset, len, device),
-            OpRequest::Sync { file } => (file, 0, 0, None),
+            } => (file, offset, len, device, None),
+            OpRequest::Sync { file } => (file, 0, 0, None, None),
+        };
+        // An op refused before any I/O hands its owned buffer back untouched.
+        let refuse = |shared: &Arc<OpShared>, owned: Option<OwnedTarget>, e: Error| {
+            if let Some(o) = owned {
+                shared.give_back(o.keep);
+            }
+            shared.complete(Err(e));
         };
         let mut ctx = Context::op(kind)
             .with_path(&file.path)
             .with_offset(offset)
             .with_backend(self.backend);
         if self.shutting_down {
-            shared.complete(Err(Error::shutdown(ctx)));
+            refuse(&shared, owned, Error::shutdown(ctx));
             return;
         }
         let (mut align, mut write_align) = (file.align, file.write_align);
@@ -1019,7 +1066,8 @@ impl Reactor {
             }
             Ok(None) => false,
             Err(reason) => {
-                shared.complete(Err(Error::unsupported(ctx.with_backend("cufile"), reason)));
+                let e = Error::unsupported(ctx.with_backend("cufile"), reason);
+                refuse(&shared, owned, e);
                 return;
             }
         };
@@ -1038,10 +1086,17 @@ impl Reactor {
         let plan = match plan {
             Ok(p) => p,
             Err(e) => {
-                shared.complete(Err(Error::invalid(ctx, e.to_string())));
+                refuse(&shared, owned, Error::invalid(ctx, e.to_string()));
                 return;
             }
         };
+        if owned.is_some() && (gds || file.nvme.is_some() || !plan.covers_exactly(offset, len)) {
+            // The file layer offers owned reads only where pieces cover exactly the caller's
+            // range in host memory; anything else would write outside the buffer.
+            let e = Error::invalid(ctx, "owned read offered where it cannot land in place");
+            refuse(&shared, owned, e);
+            return;
+        }
         let empty = plan.len() == 0;
         let key = self.ops.insert(OpEntry {
             shared: shared.clone(),
@@ -1062,6 +1117,7 @@ impl Reactor {
             gds,
             backend,
             retry: Vec::new(),
+            owned,
         });
         shared.key.store(key, Ordering::Relaxed);
         if empty {
@@ -1180,7 +1236,8 @@ impl Reactor {
             if !room {
                 break;
             }
-            let slot = if op.kind == OpKind::Sync {
+            let slot = if op.kind == OpKind::Sync || op.owned.is_some() {
+                // Fsync needs no memory; an owned read lands in the caller's buffer.
                 None
             } else {
                 if op.held_bytes > 0 && op.held_bytes + piece.len > self.op_window {
@@ -1327,8 +1384,9 @@ impl Reactor {
             Via::Main => file.raw_fd(),
             Via::Buffered => file.buffered_raw_fd(),
         };
-        let (buf, fixed) = match &io.slot {
-            Some(s) => {
+        let op = &self.ops[io.op];
+        let (buf, fixed) = match (&io.slot, &op.owned) {
+            (Some(s), _) => {
                 // SAFETY: `done <= piece.len <= slot size`, so the pointer stays in the slot.
                 let p = unsafe { self.arena.slot_ptr(s).add(io.done) };
                 let fixed = self
@@ -1338,7 +1396,15 @@ impl Reactor {
                     .then(|| self.slots.block_of(s) as u16);
                 (p, fixed)
             }
-            None => (std::ptr::null_mut(), None),
+            // `accept` checked that the pieces cover exactly `[offset, offset + len)`, the
+            // buffer's bytes, so `pos - offset + done < len`: the address stays inside the
+            // buffer, which the op owns until every piece has completed. The kernel is the
+            // only writer meanwhile (the future holds no access to it).
+            (None, Some(o)) => (
+                (o.addr + (io.piece.pos - op.offset) as usize + io.done) as *mut u8,
+                None,
+            ),
+            (None, None) => (std::ptr::null_mut(), None),
         };
         // Buffered pieces large enough to be worth a kernel worker go to io-wq, so page-cache
         // hits are copied by many threads; small ones stay inline (a punt costs a switch).
@@ -1505,6 +1571,11 @@ impl Reactor {
         if op.in_runnable {
             self.runnable.retain(|&k| k != key);
         }
+        if let Some(o) = op.owned.take() {
+            // Nothing of the op is in the kernel any more: the buffer may go back (or, for a
+            // dropped future, be freed here).
+            op.shared.give_back(o.keep);
+        }
         let result = match op.error.take() {
             Some(e) => Err(e),
             None if op.cancelled => return,
@@ -1638,6 +1709,73 @@ mod tests {
                 assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
                 let e = engine.shutdown().await.unwrap_err();
                 assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
+            });
+        }
+    }
+
+    /// Owned reads in the kernel when the reactor dies: each fails with `ReactorDied`, and
+    /// its buffer is leaked (an empty one comes back), never freed while a piece may land.
+    #[test]
+    fn reactor_panic_leaks_owned_buffers_in_flight() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let mut f = std::fs::File::create(&path).unwrap();
+        f.write_all(&vec![7u8; 8 << 20]).unwrap();
+        drop(f);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for backend in [crate::Backend::Uring, crate::Backend::Pread] {
+            let engine = match crate::Engine::builder()
+                .backend(backend)
+                .chunk_size(64 << 10)
+                .queue_depth(8)
+                .bounce_slots(16)
+                .build()
+            {
+                Ok(e) => e,
+                Err(e) => {
+                    eprintln!("SKIPPED {backend:?} in the owned-read panic test: {e}");
+                    continue;
+                }
+            };
+            let file = engine.open(&path).unwrap();
+            rt.block_on(async {
+                // Armed first: the first completion panics the reactor with the other pieces
+                // of these reads (8 in the kernel at a time) still out.
+                engine.shared().send(Msg::PanicAtNextCompletion);
+                let futs: Vec<_> = (0..4u64)
+                    .map(|i| file.read_owned(vec![0u8; 1 << 20], i << 20))
+                    .collect();
+                let results =
+                    tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(futs))
+                        .await
+                        .expect("owned reads hung after the reactor panicked");
+                let mut leaked = 0;
+                for (r, v) in results {
+                    assert!(
+                        matches!(r, Err(Error::ReactorDied { .. })),
+                        "{backend:?}: expected ReactorDied, got {r:?}"
+                    );
+                    if v.is_empty() {
+                        leaked += 1;
+                    } else {
+                        // Only a read that never reached the kernel (refused after the death)
+                        // may come back, untouched.
+                        assert!(
+                            v.len() == 1 << 20 && v.iter().all(|&b| b == 0),
+                            "{backend:?}"
+                        );
+                    }
+                }
+                // The read whose completion set off the panic had pieces in the kernel.
+                assert!(
+                    leaked >= 1,
+                    "{backend:?}: a buffer the kernel may write came back"
+                );
             });
         }
     }

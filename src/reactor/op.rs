@@ -46,6 +46,8 @@ pub(crate) struct OpState {
     waker: Option<Waker>,
     ready: Vec<ReadyPiece>,
     result: Option<Result<u64>>,
+    /// An owned buffer handed back by the reactor (set before the result).
+    owned: Option<Box<dyn std::any::Any + Send>>,
 }
 
 /// The rendezvous of one operation.
@@ -90,6 +92,16 @@ impl OpShared {
         }
     }
 
+    /// Reactor: hands an owned buffer back, once no I/O can touch it (before `complete`).
+    pub(crate) fn give_back(&self, buf: Box<dyn std::any::Any + Send>) {
+        self.lock().owned = Some(buf);
+    }
+
+    /// Future: the owned buffer the reactor handed back, if it did.
+    pub(crate) fn take_back(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.lock().owned.take()
+    }
+
     /// Reactor: take back pieces the future has not picked up (cancel, shutdown).
     pub(crate) fn reclaim_ready(&self) -> Vec<ReadyPiece> {
         std::mem::take(&mut self.lock().ready)
@@ -124,6 +136,9 @@ pub(crate) trait Transfer: Send + Unpin {
     fn take_error(&mut self) -> Option<Error> {
         None
     }
+
+    /// Called once the op's result is in, before the future returns it.
+    fn finish(&mut self, _shared: &Arc<OpShared>) {}
 }
 
 /// Host or device side of a transfer: one future type serves both.
@@ -193,8 +208,7 @@ pub(crate) struct OpFuture<T: Transfer> {
 }
 
 impl<T: Transfer> OpFuture<T> {
-    /// The transfer, to adjust before the first poll.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    /// The transfer, to adjust before the first poll or to read back after the result.
     pub(crate) fn transfer_mut(&mut self) -> &mut T {
         &mut self.transfer
     }
@@ -322,6 +336,7 @@ impl<T: Transfer> Future for OpFuture<T> {
                 }
             }
             if let Some(r) = result {
+                this.transfer.finish(&shared);
                 this.stage = Stage::Done;
                 return Poll::Ready(r);
             }

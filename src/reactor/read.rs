@@ -6,9 +6,7 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use super::Msg;
-#[cfg(not(feature = "cuda"))]
-use super::op::NoTransfer;
-use super::op::{Either, OpFuture, OpShared, ReadyPiece, Transfer};
+use super::op::{Either, NoTransfer, OpFuture, OpShared, ReadyPiece, Transfer};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -38,6 +36,29 @@ impl Transfer for HostCopyOut<'_> {
             slots.push(p.slot);
         }
         Some(Msg::Release(shared.clone(), slots))
+    }
+}
+
+/// An in-place read into an owned buffer (`File::read_owned`): no pieces come to the future
+/// (the kernel writes the buffer the reactor holds), only the buffer, handed back with the
+/// result.
+#[derive(Default)]
+pub(crate) struct OwnedReturn {
+    pub(crate) back: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl Transfer for OwnedReturn {
+    fn transfer(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &Arc<BounceArena>,
+        shared: &Arc<OpShared>,
+    ) -> Option<Msg> {
+        NoTransfer.transfer(pieces, arena, shared)
+    }
+
+    fn finish(&mut self, shared: &Arc<OpShared>) {
+        self.back = shared.take_back();
     }
 }
 

@@ -125,6 +125,10 @@ pub struct BenchArgs {
     /// Seconds to run each point.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
+    /// Host reads through `File::read_owned` (each task's buffer handed to the engine and
+    /// back): the kernel reads into it in place where it can, no bounce copy.
+    #[arg(long)]
+    owned: bool,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long)]
     inline_copies: bool,
@@ -266,6 +270,9 @@ struct TaskStats {
 
 pub async fn run(a: BenchArgs) -> CliResult {
     let cuda = a.to.cuda()?;
+    if a.owned && (a.rw == Rw::Write || a.pattern == Pattern::Batch || cuda.is_some()) {
+        return Err("--owned reads into host memory (--rw read, --to host, seq or rand)".into());
+    }
     if a.pattern == Pattern::Batch && (a.rw == Rw::Write || a.batch == 0) {
         return Err("--pattern batch reads (--rw read) with --batch of at least 1".into());
     }
@@ -619,6 +626,7 @@ async fn measure(
             _ => bs as usize,
         };
         let batch = a.batch;
+        let owned = a.owned;
         let mut buf = match cuda {
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
@@ -668,6 +676,11 @@ async fn measure(
                 let off = slot * bs;
                 let t0 = Instant::now();
                 let n = match (rw, &mut buf) {
+                    (Rw::Read, Buffer::Host(b)) if owned => {
+                        let (r, back) = file.read_owned(std::mem::take(b), off).await;
+                        *b = back;
+                        r?
+                    }
                     (Rw::Read, Buffer::Host(b)) => file.read_into(b, off).await?,
                     (Rw::Write, Buffer::Host(b)) => file.write_from(b, off).await?,
                     (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,
