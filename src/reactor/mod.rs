@@ -12,8 +12,11 @@
 //!
 //! # Soundness under cancellation and leaks
 //! The kernel (or a pread worker) only ever reads or writes bounce slots, which belong to the
-//! reactor's arena; it is never given caller memory. Caller memory is touched only inside the
-//! future's own `poll`, while the future holds the caller's borrow. Therefore:
+//! reactor's arena, or owned buffers the caller gave away (`File::read_owned` with a `Vec<u8>`
+//! or `BytesMut`: the op holds the buffer until its last piece has completed, then hands it
+//! back or, for a dropped future, frees it); it is never given borrowed caller memory.
+//! Borrowed caller memory is touched only inside the future's own `poll`, while the future
+//! holds the caller's borrow. Therefore:
 //! - dropping a future mid-flight sends `Msg::Cancel`; pieces still in the kernel complete into
 //!   slots the reactor then frees, and the caller's buffer is already free to reuse;
 //! - leaking a future (`mem::forget`) stops all copies into or out of caller memory, because
