@@ -10,6 +10,9 @@
 //! - every completed read equals the model (reads share a region; writes take it alone);
 //! - a dropped or leaked read never writes its buffer after the drop (the buffer is scribbled
 //!   right after and must keep the scribble; device buffers are scribbled on their stream);
+//! - host reads of even length go through `read_owned` (in place where the read needs no
+//!   widening), the others through `read_into`: completed ones equal the model like any read,
+//!   and dropped or leaked ones must leave the engine (and every other check) intact;
 //! - a dropped or leaked write never reads its source after the drop: such writes go to
 //!   scratch regions with bytes 0x01..=0x7F, the source is then filled with 0xFF, and no 0xFF
 //!   may ever reach the file;
@@ -564,6 +567,14 @@ async fn read(
     off: u64,
 ) -> Result<Vec<u8>, String> {
     match stream {
+        None if len % 2 == 0 => {
+            let (r, b) = file.read_owned(vec![0u8; len], off).await;
+            let n = r.map_err(|e| e.to_string())?;
+            if n != len || b.len() != len {
+                return Err(format!("short owned read: {n} of {len} ({} back)", b.len()));
+            }
+            Ok(b)
+        }
         None => {
             let mut b = vec![0u8; len];
             let n = file
@@ -611,6 +622,11 @@ async fn cancelled_read(
     fate: Fate,
 ) -> Result<bool, String> {
     match stream {
+        None if len % 2 == 0 => {
+            // The engine owns the buffer until the read lands: nothing of ours to scribble.
+            cancel(file.read_owned(vec![0xC5u8; len], off), wait, fate).await;
+            Ok(true)
+        }
         None => {
             let mut b = vec![0xC5u8; len];
             cancel(file.read_into(&mut b, off), wait, fate).await;
