@@ -756,10 +756,11 @@ impl File {
 
     /// Reads into an owned buffer (its whole length) and hands it back with the result.
     ///
-    /// For `Vec<u8>` and `bytes::BytesMut` (host memory), where the read needs
-    /// no widening (buffered files; O_DIRECT with offset, length and buffer address aligned
-    /// to the file's [`File::direct_alignment`]) and the file is not an NVMe namespace, the kernel reads
-    /// straight into the buffer: no bounce slot, no copy. The engine owns the buffer until the
+    /// For `Vec<u8>`, `bytes::BytesMut` and [`AlignedBuf`](crate::AlignedBuf) (host memory),
+    /// where the read needs no widening (buffered files; O_DIRECT with offset, length and
+    /// buffer address aligned to the file's [`File::direct_alignment`]: use an `AlignedBuf`
+    /// for that) and the file is not an NVMe namespace, the kernel reads straight into the
+    /// buffer: no bounce slot, no copy. The engine owns the buffer until the
     /// kernel is done with it, so dropping or leaking this future mid-flight stays sound (a
     /// dropped future's buffer is freed after the read lands; if the engine dies with the read
     /// in the kernel the buffer is leaked and an empty one comes back with the error). Every

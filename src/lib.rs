@@ -58,6 +58,7 @@ pub mod safetensors;
 pub mod spdk;
 pub mod uring;
 
+pub use buf::aligned::AlignedBuf;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{Backend, BackendInfo, DEFAULT_REACTOR_TICK, Engine, EngineBuilder};
 pub use error::{Context, Error, OpKind, Result};

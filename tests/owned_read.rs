@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use gpuio::{Backend, Engine, OpenOptions};
+use gpuio::{AlignedBuf, Backend, Engine, OpenOptions};
 
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -79,7 +79,22 @@ async fn owned_reads_under_o_direct() {
                 v == data[off as usize..off as usize + len],
                 "{name} {off}+{len}"
             );
+            // Aligned memory: in place wherever offset and length are aligned too.
+            let (r, a) = within(f.read_owned(AlignedBuf::zeroed(len), off)).await;
+            assert_eq!(r.unwrap(), len, "{name} aligned {off}+{len}");
+            assert!(
+                a[..] == data[off as usize..off as usize + len],
+                "{name} aligned {off}+{len}"
+            );
         }
+        // The end of the file in the middle of an aligned read.
+        let (r, a) = within(f.read_owned(AlignedBuf::zeroed(1 << 20), (2 << 20) - 8192)).await;
+        assert_eq!(r.unwrap(), 8192, "{name}");
+        assert!(a[..8192] == data[(2 << 20) - 8192..], "{name}");
+        assert!(
+            a[8192..].iter().all(|&x| x == 0),
+            "{name}: bytes past the end"
+        );
     }
 }
 
@@ -128,6 +143,9 @@ fn dropped_and_leaked_owned_reads_leave_the_engine_usable() {
             };
             for (i, leak) in [false, true, false, true].into_iter().enumerate() {
                 let fut = Box::pin(f.read_owned(vec![0u8; 32 << 20], 0));
+                abandon_mid_flight(fut, i as u64, leak);
+                // In place under O_DIRECT too.
+                let fut = Box::pin(f.read_owned(AlignedBuf::zeroed(32 << 20), 0));
                 abandon_mid_flight(fut, i as u64, leak);
             }
             let (r, v) = rt.block_on(within(f.read_owned(vec![0u8; 3 << 20], 5 << 20)));

@@ -6,6 +6,7 @@
 //! soundness argument). Owned buffers ([`IoBufMut`], [`IoBuf`]) move into the operation and
 //! come back with its result.
 
+pub(crate) mod aligned;
 pub(crate) mod arena;
 pub(crate) mod owned;
 
@@ -57,7 +58,8 @@ impl WriteSource<'_> {
 
 /// A destination `File::read_into` can fill: its whole current length is the request.
 ///
-/// Host: `[u8]`, `[u8; N]`, `Vec<u8>` and `BytesMut` (their initialized length, like a slice).
+/// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `BytesMut` and [`AlignedBuf`](crate::AlignedBuf) (their
+/// initialized length, like a slice).
 /// Device (feature `cuda`): cudarc's `CudaSlice<T>` and `CudaViewMut<T>` for any [`Pod`]
 /// element type, viewed as bytes. Sealed.
 ///
@@ -70,7 +72,8 @@ pub trait ReadDst: sealed::Sealed + Send {
 
 /// A source `File::write_from` can write: its whole current length is the request.
 ///
-/// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `Bytes`, `BytesMut`, `str`, `String`. Device (feature
+/// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `Bytes`, `BytesMut`, `str`, `String`,
+/// [`AlignedBuf`](crate::AlignedBuf). Device (feature
 /// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`. Sealed.
 pub trait WriteSrc: sealed::Sealed + Sync {
     /// Where the bytes come from.

@@ -1,7 +1,7 @@
 //! Owned host buffers whose memory the kernel may write in place (`File::read_owned`).
 //!
 //! Only types whose bytes live on the heap, away from the value itself, qualify: moving a
-//! `Vec<u8>` or `BytesMut` (into the reactor and back) leaves its bytes where
+//! `Vec<u8>`, `BytesMut` or `AlignedBuf` (into the reactor and back) leaves its bytes where
 //! they are, so an address taken once stays good for as long as the value lives and is not
 //! touched. Which type a caller's `B` is, is found out with `Any` (no new trait to implement);
 //! every other buffer goes through bounce slots.
@@ -11,17 +11,21 @@ use std::marker::PhantomData;
 
 use bytes::BytesMut;
 
+use super::aligned::AlignedBuf;
+
 /// Which heap buffer type a `B` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OwnedKind {
     Vec,
     Bytes,
+    Aligned,
 }
 
 /// The buffer, as its concrete type.
 enum Heap {
     Vec(Vec<u8>),
     Bytes(BytesMut),
+    Aligned(AlignedBuf),
 }
 
 /// A caller's `B` known to be one of the heap buffer types.
@@ -47,7 +51,10 @@ impl<B: 'static> OwnedHostBuf<B> {
     pub(crate) fn take(b: B) -> Result<Self, B> {
         let heap = match cast::<B, Vec<u8>>(b) {
             Ok(v) => Heap::Vec(v),
-            Err(b) => Heap::Bytes(cast::<B, BytesMut>(b)?),
+            Err(b) => match cast::<B, BytesMut>(b) {
+                Ok(v) => Heap::Bytes(v),
+                Err(b) => Heap::Aligned(cast::<B, AlignedBuf>(b)?),
+            },
         };
         Ok(OwnedHostBuf {
             heap,
@@ -59,6 +66,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         match self.heap {
             Heap::Vec(_) => OwnedKind::Vec,
             Heap::Bytes(_) => OwnedKind::Bytes,
+            Heap::Aligned(_) => OwnedKind::Aligned,
         }
     }
 
@@ -66,6 +74,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         match &mut self.heap {
             Heap::Vec(v) => v,
             Heap::Bytes(v) => v,
+            Heap::Aligned(v) => v,
         }
     }
 
@@ -80,6 +89,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         let back = match self.heap {
             Heap::Vec(v) => cast::<Vec<u8>, B>(v).ok(),
             Heap::Bytes(v) => cast::<BytesMut, B>(v).ok(),
+            Heap::Aligned(v) => cast::<AlignedBuf, B>(v).ok(),
         };
         // `take` made `heap` from a `B` of exactly this type.
         back.expect("an owned buffer comes back as the type it went in as")
@@ -90,6 +100,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         match self.heap {
             Heap::Vec(v) => Box::new(v),
             Heap::Bytes(v) => Box::new(v),
+            Heap::Aligned(v) => Box::new(v),
         }
     }
 
@@ -98,6 +109,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         let heap = match kind {
             OwnedKind::Vec => Heap::Vec(*any.downcast::<Vec<u8>>().ok()?),
             OwnedKind::Bytes => Heap::Bytes(*any.downcast::<BytesMut>().ok()?),
+            OwnedKind::Aligned => Heap::Aligned(*any.downcast::<AlignedBuf>().ok()?),
         };
         Some(OwnedHostBuf {
             heap,
@@ -110,6 +122,7 @@ impl<B: 'static> OwnedHostBuf<B> {
         let heap = match kind {
             OwnedKind::Vec => Heap::Vec(Vec::new()),
             OwnedKind::Bytes => Heap::Bytes(BytesMut::new()),
+            OwnedKind::Aligned => Heap::Aligned(AlignedBuf::default()),
         };
         OwnedHostBuf {
             heap,

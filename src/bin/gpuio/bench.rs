@@ -60,6 +60,8 @@ impl Target {
 /// A destination buffer in host or device memory.
 enum Buffer {
     Host(Vec<u8>),
+    /// `--owned`: read through `File::read_owned`.
+    Aligned(gpuio::AlignedBuf),
     Gpu(gpuio::cuda::cudarc::driver::CudaSlice<u8>),
 }
 
@@ -125,8 +127,8 @@ pub struct BenchArgs {
     /// Seconds to run each point.
     #[arg(long, default_value_t = 5.0)]
     seconds: f64,
-    /// Host reads through `File::read_owned` (each task's buffer handed to the engine and
-    /// back): the kernel reads into it in place where it can, no bounce copy.
+    /// Host reads through `File::read_owned` into an `AlignedBuf` per task (handed to the
+    /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
     #[arg(long)]
     owned: bool,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
@@ -628,6 +630,7 @@ async fn measure(
         let batch = a.batch;
         let owned = a.owned;
         let mut buf = match cuda {
+            None if owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
                 let stream = ctx
@@ -660,6 +663,7 @@ async fn measure(
                     let t0 = Instant::now();
                     let n = match &mut buf {
                         Buffer::Host(b) => plan.read_into(b).await.total()?,
+                        Buffer::Aligned(b) => plan.read_into(b).await.total()?,
                         Buffer::Gpu(b) => plan.read_into(b).await.total()?,
                     };
                     st.lat_us
@@ -676,11 +680,12 @@ async fn measure(
                 let off = slot * bs;
                 let t0 = Instant::now();
                 let n = match (rw, &mut buf) {
-                    (Rw::Read, Buffer::Host(b)) if owned => {
+                    (Rw::Read, Buffer::Aligned(b)) => {
                         let (r, back) = file.read_owned(std::mem::take(b), off).await;
                         *b = back;
                         r?
                     }
+                    (Rw::Write, Buffer::Aligned(b)) => file.write_from(b, off).await?,
                     (Rw::Read, Buffer::Host(b)) => file.read_into(b, off).await?,
                     (Rw::Write, Buffer::Host(b)) => file.write_from(b, off).await?,
                     (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,
