@@ -24,8 +24,9 @@
 //! ```
 //!
 //! ## What it guarantees
-//! - **Cancel- and leak-safety.** The kernel only ever writes reactor-owned bounce memory; data
-//!   crosses into or out of your buffer only inside the future's own `poll`. Dropping or
+//! - **Cancel- and leak-safety.** The kernel only ever writes reactor-owned memory: bounce
+//!   slots, or an owned buffer you handed over ([`File::read_owned`]) until it comes back; data
+//!   crosses into or out of a borrowed buffer only inside the future's own `poll`. Dropping or
 //!   `mem::forget`-ting a future mid-flight never lets anything write your buffer afterwards
 //!   ([`reactor`] explains the argument).
 //! - **Any offset, any length, even with O_DIRECT.** Alignment comes from `statx` and is the
@@ -36,6 +37,8 @@
 //!
 //! ## Where to look
 //! - [`File::read_into`] / [`File::write_from`]: one range, host or device memory.
+//! - [`File::read_owned`] with a `Vec<u8>`, `BytesMut` or [`AlignedBuf`] (O_DIRECT): the
+//!   kernel reads straight into the buffer, no bounce copy.
 //! - [`batch`]: many ranges as one operation, prepared plans, named extents ([`batch::Catalog`]).
 //! - `safetensors` (feature `safetensors`): checkpoints into one host or device allocation.
 //! - [`gds`]: cuFile (GPUDirect Storage), used per file where it serves; [`Engine::synchronize`]
