@@ -8,34 +8,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use gpuio::{Engine, Error, OpenOptions};
+use gpuio::{Error, OpenOptions};
 
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
         .await
         .expect("operation hung")
-}
-
-/// A 32 MiB read through 64 KiB pieces, 4 at a time: slow enough that a truncation issued
-/// right after it starts lands while most pieces are still to be read.
-fn slow_engines() -> Vec<(&'static str, Engine)> {
-    let mut v = Vec::new();
-    for (name, backend) in [
-        ("io_uring", gpuio::Backend::Uring),
-        ("pread", gpuio::Backend::Pread),
-    ] {
-        match Engine::builder()
-            .backend(backend)
-            .chunk_size(64 << 10)
-            .queue_depth(4)
-            .bounce_slots(8)
-            .build()
-        {
-            Ok(e) => v.push((name, e)),
-            Err(e) => skipped(format!("{name} in the fault tests: {e}")),
-        }
-    }
-    v
 }
 
 /// The count a read reports is a prefix of the file as it was: never bytes the file no
@@ -46,7 +24,7 @@ async fn truncated_while_a_large_read_runs() {
     const LEN: usize = 32 << 20;
     let dir = tmpdir();
     let data = pattern(LEN, 11);
-    for (name, engine) in slow_engines() {
+    for (name, engine) in slow_engines("the fault tests") {
         let mut short = 0;
         let mut trials = 0;
         for direct in [false, true] {
@@ -176,7 +154,7 @@ async fn full_filesystem_during_writes() {
             return;
         }
     };
-    for (name, engine) in slow_engines() {
+    for (name, engine) in slow_engines("the fault tests") {
         for direct in [false, true] {
             let path = fs.path().join(format!("w-{name}-{direct}"));
             let f = match OpenOptions::new()

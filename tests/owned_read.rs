@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use gpuio::{AlignedBuf, Backend, Engine, OpenOptions};
+use gpuio::{AlignedBuf, OpenOptions};
 
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -98,25 +98,6 @@ async fn owned_reads_under_o_direct() {
     }
 }
 
-/// A slow engine (64 KiB pieces, 4 at a time) and a 32 MiB file, so that reads are still in
-/// the kernel when their futures go away.
-fn slow_engines() -> Vec<(&'static str, Engine)> {
-    let mut v = Vec::new();
-    for (name, backend) in [("io_uring", Backend::Uring), ("pread", Backend::Pread)] {
-        match Engine::builder()
-            .backend(backend)
-            .chunk_size(64 << 10)
-            .queue_depth(4)
-            .bounce_slots(8)
-            .build()
-        {
-            Ok(e) => v.push((name, e)),
-            Err(e) => skipped(format!("{name} in the owned-read abandon test: {e}")),
-        }
-    }
-    v
-}
-
 /// Dropped and leaked owned reads mid-flight: the engine keeps serving correct reads, and
 /// shuts down (it waits for the abandoned pieces to land in the buffers it holds).
 #[test]
@@ -128,7 +109,9 @@ fn dropped_and_leaked_owned_reads_leave_the_engine_usable() {
         .enable_all()
         .build()
         .unwrap();
-    for (name, engine) in slow_engines() {
+    // A slow engine and a 32 MiB file, so reads are still in the kernel when their futures
+    // go away.
+    for (name, engine) in slow_engines("the owned-read abandon test") {
         for direct in [false, true] {
             let f = match OpenOptions::new()
                 .read(true)

@@ -1652,14 +1652,16 @@ mod tests {
     /// A panic in the reactor with reads in the kernel: every pending future fails with
     /// `ReactorDied` naming the panic, nothing hangs, the engine reports itself dead and
     /// refuses later work with the same reason.
-    #[test]
-    fn reactor_panic_fails_pending_ops_and_marks_the_engine_dead() {
-        use std::io::Write as _;
+    /// An 8 MiB file, a runtime, and small engines (64 KiB pieces, 8 in the kernel) on each
+    /// backend this machine has, for the reactor panic tests: `each(backend, engine, file,
+    /// runtime)` per engine.
+    fn with_panic_fixture(
+        test: &str,
+        mut each: impl FnMut(crate::Backend, &crate::Engine, &crate::File, &tokio::runtime::Runtime),
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("data");
-        let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(&vec![7u8; 8 << 20]).unwrap();
-        drop(f);
+        std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -1675,11 +1677,18 @@ mod tests {
             {
                 Ok(e) => e,
                 Err(e) => {
-                    eprintln!("SKIPPED {backend:?} in the reactor panic test: {e}");
+                    eprintln!("SKIPPED {backend:?} in {test}: {e}");
                     continue;
                 }
             };
             let file = engine.open(&path).unwrap();
+            each(backend, &engine, &file, &rt);
+        }
+    }
+
+    #[test]
+    fn reactor_panic_fails_pending_ops_and_marks_the_engine_dead() {
+        with_panic_fixture("the reactor panic test", |backend, engine, file, rt| {
             rt.block_on(async {
                 let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
                 // Armed first: the first completion of any of these reads panics the reactor,
@@ -1713,39 +1722,14 @@ mod tests {
                 let e = engine.shutdown().await.unwrap_err();
                 assert!(matches!(e, Error::ReactorDied { .. }), "{e}");
             });
-        }
+        });
     }
 
     /// Owned reads in the kernel when the reactor dies: each fails with `ReactorDied`, and
     /// its buffer is leaked (an empty one comes back), never freed while a piece may land.
     #[test]
     fn reactor_panic_leaks_owned_buffers_in_flight() {
-        use std::io::Write as _;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("data");
-        let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(&vec![7u8; 8 << 20]).unwrap();
-        drop(f);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        for backend in [crate::Backend::Uring, crate::Backend::Pread] {
-            let engine = match crate::Engine::builder()
-                .backend(backend)
-                .chunk_size(64 << 10)
-                .queue_depth(8)
-                .bounce_slots(16)
-                .build()
-            {
-                Ok(e) => e,
-                Err(e) => {
-                    eprintln!("SKIPPED {backend:?} in the owned-read panic test: {e}");
-                    continue;
-                }
-            };
-            let file = engine.open(&path).unwrap();
+        with_panic_fixture("the owned-read panic test", |backend, engine, file, rt| {
             rt.block_on(async {
                 // Armed first: the first completion panics the reactor with the other pieces
                 // of these reads (8 in the kernel at a time) still out.
@@ -1780,7 +1764,7 @@ mod tests {
                     "{backend:?}: a buffer the kernel may write came back"
                 );
             });
-        }
+        });
     }
 
     /// The tick wakes the reactor only while I/O is in the kernel: an engine whose one open

@@ -65,6 +65,26 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
     v
 }
 
+/// Slow engines (64 KiB pieces, 4 in the kernel, 8 bounce slots) on io_uring and the pread
+/// pool, for tests that need a large read still running when something happens to it (`what`
+/// names the test in the skip message).
+pub fn slow_engines(what: &str) -> Vec<(&'static str, Engine)> {
+    let mut v = Vec::new();
+    for (name, backend) in [("io_uring", Backend::Uring), ("pread", Backend::Pread)] {
+        match Engine::builder()
+            .backend(backend)
+            .chunk_size(64 << 10)
+            .queue_depth(4)
+            .bounce_slots(8)
+            .build()
+        {
+            Ok(e) => v.push((name, e)),
+            Err(e) => skipped(format!("{name} in {what}: {e}")),
+        }
+    }
+    v
+}
+
 /// Whether O_DIRECT works in `dir` (it does on ext4/xfs; tmpfs may refuse).
 pub fn direct_ok(engine: &Engine, path: &Path) -> bool {
     match gpuio::OpenOptions::new()
