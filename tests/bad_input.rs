@@ -11,9 +11,7 @@ use gpuio::{Error, OpenOptions};
 const LIMIT: Duration = Duration::from_secs(20);
 
 async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(LIMIT, f)
-        .await
-        .expect("operation hung")
+    within_limit(LIMIT, f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,16 +5,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::*;
 use gpuio::{Error, OpenOptions};
-
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .expect("operation hung")
-}
 
 /// The count a read reports is a prefix of the file as it was: never bytes the file no
 /// longer had, never zeros standing in for data. Some trials must actually come back short,

@@ -4,16 +4,8 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::*;
 use gpuio::{AlignedBuf, OpenOptions};
-
-async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::time::timeout(Duration::from_secs(60), f)
-        .await
-        .expect("operation hung")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owned_reads_fill_the_buffer_and_give_it_back() {

@@ -125,12 +125,18 @@ impl OpShared {
 /// How a future moves data between bounce slots and caller memory.
 pub(crate) trait Transfer: Send + Unpin {
     /// Handles pieces the reactor handed over, returning the message that gives the slots back.
+    /// The default is for operations that move no data through slots: none should come, and
+    /// any that do go straight back.
     fn transfer(
         &mut self,
         pieces: Vec<ReadyPiece>,
-        arena: &Arc<BounceArena>,
+        _arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
-    ) -> Option<Msg>;
+    ) -> Option<Msg> {
+        debug_assert!(pieces.is_empty());
+        (!pieces.is_empty())
+            .then(|| Msg::Release(shared.clone(), pieces.into_iter().map(|p| p.slot).collect()))
+    }
 
     /// An error the transfer hit (a failed device copy); the op then fails with it.
     fn take_error(&mut self) -> Option<Error> {
@@ -172,18 +178,7 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
 /// Operations that move no data through slots (fsync, shutdown).
 pub(crate) struct NoTransfer;
 
-impl Transfer for NoTransfer {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        _: &Arc<BounceArena>,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        debug_assert!(pieces.is_empty());
-        (!pieces.is_empty())
-            .then(|| Msg::Release(shared.clone(), pieces.into_iter().map(|p| p.slot).collect()))
-    }
-}
+impl Transfer for NoTransfer {}
 
 enum Stage {
     /// Not yet sent to the reactor (futures are lazy).

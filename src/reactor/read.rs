@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use super::Msg;
-use super::op::{Either, NoTransfer, OpFuture, OpShared, ReadyPiece, Transfer};
+#[cfg(not(feature = "cuda"))]
+use super::op::NoTransfer;
+use super::op::{Either, OpFuture, OpShared, ReadyPiece, Transfer};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -48,15 +50,6 @@ pub(crate) struct OwnedReturn {
 }
 
 impl Transfer for OwnedReturn {
-    fn transfer(
-        &mut self,
-        pieces: Vec<ReadyPiece>,
-        arena: &Arc<BounceArena>,
-        shared: &Arc<OpShared>,
-    ) -> Option<Msg> {
-        NoTransfer.transfer(pieces, arena, shared)
-    }
-
     fn finish(&mut self, shared: &Arc<OpShared>) {
         self.back = shared.take_back();
     }

@@ -194,6 +194,21 @@ pub fn skipped(why: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
 
+/// Awaits `f`, failing the test if it takes longer than `limit` (a hang is a bug).
+pub async fn within_limit<T>(
+    limit: std::time::Duration,
+    f: impl std::future::Future<Output = T>,
+) -> T {
+    tokio::time::timeout(limit, f)
+        .await
+        .expect("operation hung")
+}
+
+/// [`within_limit`] with a minute.
+pub async fn within<T>(f: impl std::future::Future<Output = T>) -> T {
+    within_limit(std::time::Duration::from_secs(60), f).await
+}
+
 /// Polls `f` once with a waker that does nothing (which submits it) and reports whether it
 /// finished.
 pub fn poll_once<F: std::future::Future + Unpin>(f: &mut F) -> bool {
