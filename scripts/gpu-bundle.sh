@@ -163,6 +163,8 @@ O_DIRECT write 4M qd16 from gpu|$W|--rw write --bs 4M --qd 16 --direct --to gpu
 O_DIRECT 1M qd32 to host|$F|--bs 1M --qd 32 --direct
 O_DIRECT 4K rand qd64 to host|$F|--bs 4K --qd 64 --pattern rand --direct
 O_DIRECT 4K rand qd64 to host, 2 workers|$F|--bs 4K --qd 64 --pattern rand --direct|TOKIO_WORKER_THREADS=2
+O_DIRECT 4K rand qd64 to host, owned|$F|--bs 4K --qd 64 --pattern rand --direct --owned
+O_DIRECT 1M qd32 to host, owned|$F|--bs 1M --qd 32 --direct --owned
 EOF_SPECS
 fi
 
