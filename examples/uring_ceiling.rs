@@ -31,8 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
-    // Where the end is: a block device's metadata says 0 bytes.
-    let blocks = std::io::Seek::seek(&mut &file, std::io::SeekFrom::End(0))? / BS as u64;
+    // A block device's metadata says 0 bytes; the library asks the device.
+    let blocks = gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&file))? / BS as u64;
     if blocks < 256 {
         return Err("the file must be at least 1 MiB".into());
     }

@@ -189,9 +189,10 @@ impl EngineBuilder {
     /// Longest the reactor sleeps while I/O is in the kernel before it looks at its queue and
     /// ring again on its own, rung or not (default [`DEFAULT_REACTOR_TICK`];
     /// `Duration::ZERO`: sleep until woken). With nothing in the kernel (an idle engine, or
-    /// only leaked operations left) it sleeps until woken whatever this says. Measured on a 16-core H200 machine, 4 KiB O_DIRECT random
-    /// reads at QD64: 102.7k IOPS without the tick, 115.4k with 100 µs, for +0.07 cores
-    /// (BENCHMARKS.md, "Reactor tick"); a 200 µs spin gave the same for +0.45 cores.
+    /// only leaked operations left) it sleeps until woken whatever this says. Measured on a
+    /// 16-core H200 machine, 4 KiB O_DIRECT random reads at QD64: 102.7k IOPS without the
+    /// tick, 115.4k with 100 µs, for +0.07 cores (BENCHMARKS.md, "Reactor tick"); a 200 µs
+    /// spin gave the same for +0.45 cores.
     pub fn reactor_tick(mut self, tick: std::time::Duration) -> Self {
         self.reactor_tick = tick;
         self

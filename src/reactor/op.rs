@@ -173,6 +173,13 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
             Either::Device(t) => t.take_error(),
         }
     }
+
+    fn finish(&mut self, shared: &Arc<OpShared>) {
+        match self {
+            Either::Host(t) => t.finish(shared),
+            Either::Device(t) => t.finish(shared),
+        }
+    }
 }
 
 /// Operations that move no data through slots (fsync, shutdown).

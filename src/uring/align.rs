@@ -101,7 +101,7 @@ pub fn query(fd: BorrowedFd<'_>) -> io::Result<Option<DirectAlignment>> {
 const BLKGETSIZE64: libc::Ioctl = 0x8008_1272;
 
 /// Size in bytes of the file or block device behind `fd`.
-pub(crate) fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
+pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
     let stx = statx_fd(fd, libc::STATX_SIZE | libc::STATX_TYPE)?;
     if u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFBLK {
         let mut bytes: u64 = 0;

@@ -331,8 +331,10 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let span = match a.rw {
         _ if !needs_file => nvme_span,
         Rw::Read => {
-            // The library's length: a block device's metadata says 0 bytes.
-            let len = Engine::new()?.open(&path)?.len()?;
+            // A block device's metadata says 0 bytes; the library asks the device.
+            let len = std::fs::File::open(&path)
+                .and_then(|f| gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&f)))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             if a.file.is_some() {
                 len.min(a.size.0)
             } else {
