@@ -11,6 +11,7 @@ use crate::engine::Engine;
 #[cfg(feature = "cuda")]
 use crate::engine::GdsMode;
 use crate::error::{Context, Error, OpKind, Result};
+use crate::reactor::fence::FileKey;
 use crate::reactor::op::{Either, NoTransfer, OpFuture, Transfer};
 use crate::reactor::read::{HostCopyOut, ReadInto};
 use crate::reactor::write::{HostFill, WriteFrom};
@@ -119,7 +120,8 @@ impl OpenOptions {
                 }
             })?;
         let fd: OwnedFd = file.into();
-        let ftype = align::file_type(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
+        let (ftype, fence_key) =
+            align::file_type_and_key(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
         if ftype != libc::S_IFREG && ftype != libc::S_IFBLK {
             let what = match ftype {
                 libc::S_IFDIR => "a directory",
@@ -189,6 +191,7 @@ impl OpenOptions {
         let file = File {
             inner: Arc::new(FileInner {
                 fd: Some(fd),
+                fence_key,
                 nvme: None,
                 buffered,
                 #[cfg(feature = "cuda")]
@@ -262,6 +265,7 @@ impl File {
         Ok(File {
             inner: Arc::new(FileInner {
                 fd: None,
+                fence_key: nvme_fence_key(&path),
                 nvme: Some(Arc::new(ns)),
                 buffered: None,
                 #[cfg(feature = "cuda")]
@@ -289,6 +293,19 @@ impl File {
     }
 }
 
+/// The fence identity of an NVMe namespace: a hash of its canonical name (controller and
+/// namespace ID), so two opens of one namespace on an engine are ordered against each other.
+/// A collision would only order pieces that need no ordering.
+fn nvme_fence_key(name: &Path) -> FileKey {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut h);
+    FileKey {
+        dev: u64::MAX - 1,
+        ino: h.finish(),
+    }
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -310,6 +327,8 @@ fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
 pub(crate) struct FileInner {
     /// The kernel descriptor (`None` for an NVMe namespace, whose I/O goes through SPDK).
     fd: Option<OwnedFd>,
+    /// What the reactor orders this file's overlapping pieces by (device and inode).
+    pub(crate) fence_key: FileKey,
     /// The NVMe namespace this "file" is, when opened with [`Engine::open_nvme`].
     pub(crate) nvme: Option<Arc<crate::spdk::ctrlr::Namespace>>,
     buffered: Option<OwnedFd>,

@@ -36,6 +36,7 @@
 //! and leaks (never frees) memory the kernel may still write.
 
 pub(crate) mod doorbell;
+pub(crate) mod fence;
 pub(crate) mod op;
 pub(crate) mod read;
 pub(crate) mod write;
@@ -55,6 +56,7 @@ use crate::file::FileInner;
 use crate::uring::plan::{Piece, ReadPlan, Via, WritePlan};
 use crate::uring::{Completion, Driver, IoKind, IoRequest};
 use doorbell::Doorbell;
+use fence::{RangeFence, Ticket};
 use op::{OpShared, ReadyPiece};
 
 /// The device a transfer's caller memory lives on (`None`: host memory).
@@ -427,6 +429,10 @@ struct OpEntry {
     window_blocked: bool,
     eof_at: Option<u64>,
     error: Option<Error>,
+    /// File offset `error` names when it came from a piece that failed: pieces complete out of
+    /// order, and the error kept is the one at the lowest offset, so that it names the first
+    /// byte not transferred (a later piece's ENOSPC must not hide an earlier one's).
+    error_at: Option<u64>,
     cancelled: bool,
     /// Alignment the plan was made on (a short read not a multiple of it means end of file).
     align: u64,
@@ -464,6 +470,8 @@ struct InflightIo {
     piece: Piece,
     slot: Option<BounceSlot>,
     done: usize,
+    /// The piece's place in the range fence (reads and writes; fsync has none).
+    ticket: Option<Ticket>,
 }
 
 /// Engine-level settings the reactor needs.
@@ -489,6 +497,10 @@ pub(crate) struct Reactor {
     runnable: VecDeque<usize>,
     ios: Slab<InflightIo>,
     to_submit: VecDeque<(usize, ReadyPiece)>,
+    /// Orders overlapping pieces of different ops by when they started (see `fence`).
+    fence: RangeFence,
+    /// Pieces (tokens in `ios`) started but held back by the fence, oldest first.
+    fenced: VecDeque<usize>,
     /// Ops out of the run queue because of the window (they wait for their slots to return).
     window_blocked_ops: usize,
     /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
@@ -548,6 +560,8 @@ impl Reactor {
             runnable: VecDeque::new(),
             ios: Slab::new(),
             to_submit: VecDeque::new(),
+            fence: RangeFence::default(),
+            fenced: VecDeque::new(),
             op_window,
             window_blocked_ops: 0,
             cfg,
@@ -635,7 +649,7 @@ impl Reactor {
 
     fn die(&mut self, reason: String) {
         tracing::error!(%reason, "gpuio reactor died");
-        let in_kernel = !self.ios.is_empty();
+        let in_kernel = self.ios.len() > self.fenced.len();
         for (_, op) in self.ops.iter_mut() {
             if !in_kernel {
                 // Nothing can land in an owned buffer any more: it goes back with the error.
@@ -656,7 +670,7 @@ impl Reactor {
         }
         // The kernel may still write into bounce slots and the doorbell buffer: unless all of
         // it is accounted for, never unmap them. A dead engine leaks; it must not corrupt.
-        if !self.ios.is_empty() || self.retire_doorbell().is_err() {
+        if in_kernel || self.retire_doorbell().is_err() {
             // Owned buffers of ops with pieces in the kernel, too.
             std::mem::forget(std::mem::take(&mut self.ops));
             std::mem::forget(self.driver.take());
@@ -1115,6 +1129,7 @@ impl Reactor {
             window_blocked: false,
             eof_at: None,
             error: None,
+            error_at: None,
             cancelled: false,
             align,
             gds,
@@ -1198,6 +1213,7 @@ impl Reactor {
 
     /// Starts pieces while the queue depth and the bounce pool allow.
     fn schedule(&mut self) {
+        self.unfence();
         let qd = self.cfg.queue_depth;
         while self.ios.len() < qd {
             let Some((key, p)) = self.to_submit.pop_front() else {
@@ -1329,14 +1345,70 @@ impl Reactor {
     }
 
     fn submit_io(&mut self, key: usize, kind: IoKind, piece: Piece, slot: Option<BounceSlot>) {
+        let op = &self.ops[key];
+        let ticket = (kind != IoKind::Fsync).then(|| {
+            // Widened to the file's grain: a page for O_DIRECT files (whose buffered write
+            // edges must not share a page with another op's direct piece), a sector for NVMe.
+            let grain = op.align.max(op.file.write_align);
+            self.fence.start(
+                op.file.fence_key,
+                piece.pos,
+                piece.len as u64,
+                grain,
+                key,
+                kind == IoKind::Write,
+            )
+        });
+        let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
         let token = self.ios.insert(InflightIo {
             op: key,
             kind,
             piece,
             slot,
             done: 0,
+            ticket,
         });
-        self.push_io(token);
+        if blocked {
+            self.fenced.push_back(token);
+        } else {
+            self.push_io(token);
+        }
+    }
+
+    /// Sends fenced pieces whose earlier overlapping writes have completed to the kernel, and
+    /// drops those of cancelled ops (they never reach the kernel). Pieces of ops that failed
+    /// still run: every piece below the failing offset is then written, so the offset the
+    /// error names is the first byte not transferred.
+    fn unfence(&mut self) {
+        let mut i = 0;
+        while i < self.fenced.len() {
+            let token = self.fenced[i];
+            let io = &self.ios[token];
+            if self.ops[io.op].cancelled {
+                self.fenced.remove(i);
+                self.drop_unstarted(token);
+                continue;
+            }
+            if io.ticket.as_ref().is_some_and(|t| self.fence.blocked(t)) {
+                i += 1;
+                continue;
+            }
+            self.fenced.remove(i);
+            self.push_io(token);
+        }
+    }
+
+    /// Forgets a piece that never reached the kernel.
+    fn drop_unstarted(&mut self, token: usize) {
+        let io = self.ios.remove(token);
+        if let Some(t) = &io.ticket {
+            self.fence.release(t);
+        }
+        self.ops[io.op].busy -= 1;
+        if let Some(slot) = io.slot {
+            self.free_op_slot(io.op, slot);
+        }
+        self.maybe_finish(io.op);
     }
 
     /// (Re)submits the unfinished remainder of in-flight I/O `token`.
@@ -1483,12 +1555,17 @@ impl Reactor {
             }
         }
         let io = self.ios.remove(token);
+        if let Some(t) = &io.ticket {
+            self.fence.release(t);
+        }
         let op = &mut self.ops[key];
         op.busy -= 1;
         if let Some(res) = failure {
-            if op.error.is_none() {
-                let pos = io.piece.pos + io.done as u64;
+            let pos = io.piece.pos + io.done as u64;
+            let earlier = op.error_at.is_some_and(|at| pos < at);
+            if op.error.is_none() || earlier {
                 op.error = Some(Error::from_cqe(op.ctx(pos), res));
+                op.error_at = Some(pos);
             }
         }
         if io.kind == IoKind::Read && io.done < io.piece.len && failure.is_none() {
@@ -1516,6 +1593,9 @@ impl Reactor {
         use crate::gds::batch::{RES_LOST, cufile_code_of};
         use crate::gds::driver::CufileCode;
         let io = self.ios.remove(token);
+        if let Some(t) = &io.ticket {
+            self.fence.release(t);
+        }
         let key = io.op;
         let slot = io.slot.expect("cuFile entries carry a device slot");
         let pos = io.piece.pos + io.done as u64;

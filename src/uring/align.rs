@@ -5,6 +5,7 @@
 //! the block device's logical block size is used, and failing that the page size, which every
 //! Linux filesystem that supports O_DIRECT accepts.
 
+use crate::reactor::fence::FileKey;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -116,8 +117,24 @@ pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
 }
 
 /// `S_IFMT` bits of the file behind `fd`.
-pub(crate) fn file_type(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    Ok(u32::from(statx_fd(fd, libc::STATX_TYPE)?.stx_mode) & libc::S_IFMT)
+/// The file type (`S_IFMT` bits) of `fd` and the identity its I/O is ordered by (see
+/// `reactor::fence`): device and inode for a file; the device number for a block device, so
+/// that every node of one disk is the same key.
+pub(crate) fn file_type_and_key(fd: BorrowedFd<'_>) -> io::Result<(u32, FileKey)> {
+    let stx = statx_fd(fd, libc::STATX_TYPE | libc::STATX_INO)?;
+    let ftype = u32::from(stx.stx_mode) & libc::S_IFMT;
+    let key = if ftype == libc::S_IFBLK {
+        FileKey {
+            dev: u64::MAX,
+            ino: libc::makedev(stx.stx_rdev_major, stx.stx_rdev_minor),
+        }
+    } else {
+        FileKey {
+            dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+            ino: stx.stx_ino,
+        }
+    };
+    Ok((ftype, key))
 }
 
 /// `statfs` magic of the filesystem behind `fd`.
