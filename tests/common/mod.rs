@@ -234,3 +234,40 @@ pub fn abandon_mid_flight<F: std::future::Future + Unpin>(mut fut: F, ms: u64, l
         drop(fut);
     }
 }
+
+/// One round of the write-ordering check: starts a write of `first` at `off`, lets some of
+/// its pieces reach the kernel (or the NVMe queue) for `ms` milliseconds, drops or (`leak`)
+/// forgets it, writes `second` over the same range to completion, and reads the range back
+/// through the engine. Returns how many bytes read back differ from `second`: a nonzero count
+/// means the abandoned write landed after the later one had completed.
+pub async fn abandoned_then_rewritten(
+    f: &gpuio::File,
+    off: u64,
+    first: &[u8],
+    second: &[u8],
+    ms: u64,
+    leak: bool,
+) -> usize {
+    let mut fut = Box::pin(f.write_from(first, off));
+    // The first poll takes slots to fill, the second fills them and sends them off.
+    if !poll_once(&mut fut) && !poll_once(&mut fut) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+        poll_once(&mut fut);
+    }
+    if leak {
+        std::mem::forget(fut);
+    } else {
+        drop(fut);
+    }
+    let n = within(f.write_from(second, off)).await.unwrap();
+    assert_eq!(n, second.len());
+    let mut back = vec![0u8; second.len()];
+    let got = within(f.read_into(&mut back[..], off)).await.unwrap();
+    assert_eq!(got, second.len());
+    // Compared as slices (memcmp) first: byte loops are slow in debug builds.
+    if back == second {
+        0
+    } else {
+        back.iter().zip(second).filter(|(a, b)| a != b).count()
+    }
+}
