@@ -303,7 +303,9 @@ impl<B> Checkpoint<B> {
         })
     }
 
-    fn typed<T>(&self, name: &str) -> Result<&Tensor> {
+    /// The tensor called `name`, checked to hold elements of `T`'s size. Alignment is not
+    /// checked here: decoding copies and does not need it, only a zero-copy view does.
+    fn sized<T>(&self, name: &str) -> Result<&Tensor> {
         let t = self.named(name)?;
         let bits = 8 * std::mem::size_of::<T>();
         if t.dtype.bitsize() != bits {
@@ -311,15 +313,6 @@ impl<B> Checkpoint<B> {
                 "tensor {name:?}: {:?} elements are {} bits, the requested type's {bits} bits",
                 t.dtype,
                 t.dtype.bitsize(),
-            );
-            return Err(self.invalid(Some(t), why));
-        }
-        if t.buffer_range.start % std::mem::align_of::<T>() != 0 {
-            let why = format!(
-                "tensor {name:?}: its data starts at buffer byte {} (file byte {}), not aligned for a {}-byte type",
-                t.buffer_range.start,
-                t.file_range.start,
-                std::mem::align_of::<T>()
             );
             return Err(self.invalid(Some(t), why));
         }
@@ -353,10 +346,15 @@ impl Checkpoint<Vec<u8>> {
             .map(|t| (t, &self.buffer[t.buffer_range.clone()]))
     }
 
-    /// The tensor's elements, read from its little-endian bytes (`T` must have the dtype's
-    /// size; on big-endian machines this still decodes little-endian).
+    /// The tensor's elements, decoded from its little-endian bytes into a new `Vec` (`T`
+    /// must have the dtype's size; f16 and bf16 decode as `u16`/`i16`). The bytes may sit at
+    /// any offset: a safetensors header may have any length, so a tensor can start at an odd
+    /// file offset, and decoding copies byte by byte rather than reinterpreting the buffer.
+    /// Big-endian machines decode little-endian all the same.
     pub fn to_vec<T: FromLeBytes>(&self, name: &str) -> Result<Vec<T>> {
-        let t = self.typed::<T>(name)?;
+        let t = self.sized::<T>(name)?;
+        // `sized` made the element size match the dtype, and the header's validation made the
+        // byte length the element count times that size, so `chunks_exact` leaves nothing.
         Ok(self.buffer[t.buffer_range.clone()]
             .chunks_exact(std::mem::size_of::<T>())
             .map(T::from_le)
@@ -366,10 +364,26 @@ impl Checkpoint<Vec<u8>> {
 
 #[cfg(feature = "cuda")]
 impl Checkpoint<cudarc::driver::CudaSlice<u8>> {
-    /// The tensor as a typed device view. `T` must have the dtype's element size (f16 and
-    /// bf16 tensors view as `u16`/`i16`), and the tensor must be aligned for `T`.
+    /// The tensor as a typed device view, without a copy. `T` must have the dtype's element
+    /// size (f16 and bf16 tensors view as `u16`/`i16`), and the tensor's data must be aligned
+    /// for `T`: a view reinterprets the buffer in place, so it cannot fix alignment up.
+    /// Tensors keep their file offset's alignment (modulo 256), so files written by the
+    /// `safetensors` crate (which pads the header to a multiple of 8 and writes larger
+    /// element types first) qualify; a legal file that leaves a tensor misaligned (a header
+    /// length that is not a multiple of 8, say) gets an error saying so, and its elements can
+    /// still be had on the host through [`Checkpoint::to_vec`].
     pub fn view<T: crate::cuda::Pod>(&self, name: &str) -> Result<cudarc::driver::CudaView<'_, T>> {
-        let t = self.typed::<T>(name)?;
+        let t = self.sized::<T>(name)?;
+        let align = std::mem::align_of::<T>();
+        if t.buffer_range.start % align != 0 {
+            let why = format!(
+                "tensor {name:?}: a typed view needs its data aligned to {align} bytes, but it \
+                 starts at file byte {} (buffer byte {}; a loaded tensor keeps its file \
+                 offset's alignment); load it to the host and decode it with to_vec instead",
+                t.file_range.start, t.buffer_range.start,
+            );
+            return Err(self.invalid(Some(t), why));
+        }
         let bytes = self.buffer.slice(t.buffer_range.clone());
         let n = t.byte_len() / std::mem::size_of::<T>();
         // SAFETY: `T: Pod` accepts every bit pattern; the view covers exactly the tensor's
