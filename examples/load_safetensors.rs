@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let host = stream.clone_dtoh(ck.buffer())?;
                 ck.tensors()
                     .iter()
-                    .map(|t| fnv1a(&host[t.range.clone()]))
+                    .map(|t| fnv1a(&host[t.buffer_range.clone()]))
                     .collect()
             } else {
                 Vec::new()
@@ -63,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let t0 = Instant::now();
             let ck = st.load_host(keep).await?;
             let secs = t0.elapsed();
-            let sums = ck.tensors().iter().map(|t| fnv1a(ck.bytes(t))).collect();
+            let sums = ck.iter().map(|(_, bytes)| fnv1a(bytes)).collect();
             let (_, tensors) = ck.into_parts();
             (secs, tensors, "host memory".to_string(), sums)
         }
@@ -90,7 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if verify {
         let data = std::fs::read(path)?;
         for (t, sum) in tensors.iter().zip(&bytes_of) {
-            let at = t.file_offset as usize;
+            let at = t.file_range.start as usize;
             if fnv1a(&data[at..at + t.byte_len()]) != *sum {
                 return Err(format!("tensor {} differs from the file", t.name).into());
             }

@@ -122,14 +122,16 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
-    /// `read_exact_at` reached end of file first.
-    #[error("{ctx}: unexpected end of file: wanted {wanted} bytes, file had {got}")]
+    /// A read that needed every byte (`read_exact_at`, `BatchResult::exact`) reached the end
+    /// of the file first. Reads as "read PATH at offset O via B: unexpected end of file:
+    /// wanted N bytes, got M".
+    #[error("{ctx}: unexpected end of file: wanted {wanted} bytes, got {got}")]
     UnexpectedEof {
-        /// Where.
+        /// Where: the file and the offset the read started at.
         ctx: Box<Context>,
-        /// Bytes requested.
+        /// Bytes requested from that offset.
         wanted: u64,
-        /// Bytes available before end of file.
+        /// Bytes read from that offset before the file ended (not the file's size).
         got: u64,
     },
     /// The machine, the file or the build does not offer what was asked for.

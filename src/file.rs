@@ -731,7 +731,9 @@ impl File {
         })
     }
 
-    /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`].
+    /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`]
+    /// naming this file and `offset`, the bytes wanted and the bytes read before the file
+    /// ended.
     pub async fn read_exact_at<D: ReadDst + ?Sized>(&self, dst: &mut D, offset: u64) -> Result<()> {
         let wanted = dst.target().len() as u64;
         let got = self.read_into(dst, offset).await? as u64;

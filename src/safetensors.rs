@@ -1,6 +1,12 @@
 //! Loading `.safetensors` checkpoints: every tensor (or a chosen subset) into one allocation,
 //! host or device, with one batch read, and typed views of the tensors afterwards.
 //!
+//! Two coordinate systems, two types: a [`FileTensor`] (from [`SafetensorsFile::tensors`]) says
+//! where a tensor's bytes are in the file; a [`Tensor`] (from a [`Checkpoint`]) says where they
+//! are in that checkpoint's buffer. A checkpoint's accessors ([`Checkpoint::bytes`],
+//! [`Checkpoint::to_vec`], `Checkpoint::view`) take the tensor's name, so they always use the
+//! checkpoint's own placement.
+//!
 //! The header is read through the engine and parsed with the `safetensors` crate. Selected
 //! tensors are packed in file order; each keeps its file offset's remainder modulo 256 in the
 //! buffer, so tensors that are neighbours in the file stay neighbours in the buffer (and merge
@@ -21,7 +27,8 @@
 //! let ckpt = st.load_host(|_name| true).await?;     // or load_device(&stream, ..)
 //! let w = ckpt.tensor("w").expect("tensor w");
 //! assert_eq!(w.shape, [2, 2]);
-//! assert_eq!(ckpt.bytes(w), &[1.0f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat()[..]);
+//! assert_eq!(ckpt.bytes("w")?, &[1.0f32, 2.0, 3.0, 4.0].map(f32::to_le_bytes).concat()[..]);
+//! assert_eq!(ckpt.to_vec::<f32>("w")?, [1.0, 2.0, 3.0, 4.0]);
 //! # Ok::<_, gpuio::Error>(()) })?;
 //! # Ok(()) }
 //! ```
@@ -29,13 +36,14 @@
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 pub use safetensors::Dtype;
 
 use crate::batch::{BatchPlan, ReadDesc};
 use crate::buf::ReadDst;
 use crate::engine::Engine;
-use crate::error::{Error, OpKind, Result};
+use crate::error::{Context, Error, OpKind, Result};
 use crate::file::File;
 
 /// The header may not be larger than this (the `safetensors` crate's own limit).
@@ -43,8 +51,32 @@ const MAX_HEADER: u64 = 100_000_000;
 /// Tensors keep their file offset modulo this in the buffer.
 const PLACEMENT: u64 = 256;
 
-/// One tensor: its name, type, shape, and where its bytes are.
-#[derive(Debug, Clone)]
+/// A tensor as the file lists it ([`SafetensorsFile::tensors`]): name, type, shape, and where
+/// its bytes are in the file. It has no place in any buffer: a loaded tensor is a [`Tensor`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileTensor {
+    /// Name in the checkpoint.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte range in the file (absolute: past the 8-byte length and the header).
+    pub file_range: Range<u64>,
+}
+
+impl FileTensor {
+    /// Bytes of data.
+    pub fn byte_len(&self) -> usize {
+        // The header gave the range as usize data offsets, so its length fits a usize.
+        (self.file_range.end - self.file_range.start) as usize
+    }
+}
+
+/// A tensor placed in a buffer: by a [`Checkpoint`] (its [`tensors`](Checkpoint::tensors),
+/// [`tensor`](Checkpoint::tensor)) or by [`SafetensorsFile::plan`]. `buffer_range` indexes
+/// that buffer and no other; a checkpoint's own accessors take the tensor's name instead.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tensor {
     /// Name in the checkpoint.
     pub name: String,
@@ -52,17 +84,16 @@ pub struct Tensor {
     pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
-    /// Byte offset in the file.
-    pub file_offset: u64,
-    /// Byte range in the loaded buffer (in a [`SafetensorsFile`]'s listing: the range inside
-    /// the file's data section).
-    pub range: Range<usize>,
+    /// Byte range in the file it was read from.
+    pub file_range: Range<u64>,
+    /// Byte range in the buffer it was loaded into.
+    pub buffer_range: Range<usize>,
 }
 
 impl Tensor {
     /// Bytes of data.
     pub fn byte_len(&self) -> usize {
-        self.range.len()
+        self.buffer_range.len()
     }
 }
 
@@ -70,7 +101,7 @@ impl Tensor {
 #[derive(Debug)]
 pub struct SafetensorsFile {
     file: File,
-    tensors: Vec<Tensor>,
+    tensors: Vec<FileTensor>,
     metadata: HashMap<String, String>,
 }
 
@@ -112,12 +143,11 @@ impl SafetensorsFile {
                     "tensor {name:?} ends at data byte {e}, past the {data_len} bytes the file holds"
                 )));
             }
-            tensors.push(Tensor {
+            tensors.push(FileTensor {
                 name,
                 dtype: info.dtype,
                 shape: info.shape.clone(),
-                file_offset: data_start + s as u64,
-                range: s..e,
+                file_range: data_start + s as u64..data_start + e as u64,
             });
         }
         Ok(SafetensorsFile {
@@ -127,8 +157,8 @@ impl SafetensorsFile {
         })
     }
 
-    /// Every tensor, in file order.
-    pub fn tensors(&self) -> &[Tensor] {
+    /// Every tensor the header lists, in file order, with its place in the file.
+    pub fn tensors(&self) -> &[FileTensor] {
         &self.tensors
     }
 
@@ -142,19 +172,28 @@ impl SafetensorsFile {
         &self.file
     }
 
-    /// The batch that loads the tensors `keep` selects, and where each lands.
+    /// The batch that loads the tensors `keep` selects, and where each lands in the batch's
+    /// destination (`buffer_range`; the destination needs [`BatchPlan::dst_len`] bytes).
     pub fn plan(&self, mut keep: impl FnMut(&str) -> bool) -> (BatchPlan, Vec<Tensor>) {
         let mut at = 0u64;
         let mut placed = Vec::new();
         let mut descs = Vec::new();
         for t in self.tensors.iter().filter(|t| keep(&t.name)) {
             // Same remainder modulo PLACEMENT as in the file: neighbours stay neighbours.
-            let dst = at + (t.file_offset + PLACEMENT - at % PLACEMENT) % PLACEMENT;
+            let dst = at + (t.file_range.start + PLACEMENT - at % PLACEMENT) % PLACEMENT;
             let dst = dst as usize;
-            descs.push(ReadDesc::new(&self.file, t.file_offset, t.byte_len(), dst));
+            descs.push(ReadDesc::new(
+                &self.file,
+                t.file_range.start,
+                t.byte_len(),
+                dst,
+            ));
             placed.push(Tensor {
-                range: dst..dst + t.byte_len(),
-                ..t.clone()
+                name: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                file_range: t.file_range.clone(),
+                buffer_range: dst..dst + t.byte_len(),
             });
             at = (dst + t.byte_len()) as u64;
         }
@@ -166,7 +205,7 @@ impl SafetensorsFile {
         let (plan, tensors) = self.plan(keep);
         let mut buf = vec![0u8; plan.dst_len()];
         Self::run(&plan, &mut buf).await?;
-        Ok(Checkpoint::new(buf, tensors))
+        Ok(Checkpoint::new(buf, tensors, self.file.path()))
     }
 
     /// Loads the selected tensors into one allocation on `stream`'s device. The copies are
@@ -184,7 +223,7 @@ impl SafetensorsFile {
             .alloc_zeros::<u8>(plan.dst_len().max(1))
             .map_err(|e| Error::cuda(ctx(), e))?;
         Self::run(&plan, &mut buf).await?;
-        Ok(Checkpoint::new(buf, tensors))
+        Ok(Checkpoint::new(buf, tensors, self.file.path()))
     }
 
     async fn run<D: ReadDst + ?Sized>(plan: &BatchPlan, dst: &mut D) -> Result<()> {
@@ -193,15 +232,21 @@ impl SafetensorsFile {
 }
 
 /// Tensors loaded into one buffer `B` (`Vec<u8>`, or `CudaSlice<u8>` on a GPU).
+///
+/// Its accessors take a tensor's name, never a [`Tensor`] or [`FileTensor`]: a range from
+/// another checkpoint (a different subset packs differently) or from the file's listing would
+/// index this buffer wrongly, and a name cannot.
 #[derive(Debug)]
 pub struct Checkpoint<B> {
     buffer: B,
     tensors: Vec<Tensor>,
     by_name: HashMap<String, usize>,
+    /// The file the tensors came from, for errors.
+    path: Arc<Path>,
 }
 
 impl<B> Checkpoint<B> {
-    fn new(buffer: B, tensors: Vec<Tensor>) -> Self {
+    fn new(buffer: B, tensors: Vec<Tensor>, path: &Path) -> Self {
         let by_name = tensors
             .iter()
             .enumerate()
@@ -211,10 +256,11 @@ impl<B> Checkpoint<B> {
             buffer,
             tensors,
             by_name,
+            path: Arc::from(path),
         }
     }
 
-    /// The loaded tensors, in file order; ranges index [`Checkpoint::buffer`].
+    /// The loaded tensors, in file order; `buffer_range`s index [`Checkpoint::buffer`].
     pub fn tensors(&self) -> &[Tensor] {
         &self.tensors
     }
@@ -239,51 +285,77 @@ impl<B> Checkpoint<B> {
         (self.buffer, self.tensors)
     }
 
-    fn typed<T>(&self, name: &str) -> Result<&Tensor> {
-        let t = self.tensor(name).ok_or_else(|| {
-            Error::invalid(
-                crate::error::Context::op(OpKind::Read),
-                format!("no tensor named {name:?} in the checkpoint"),
-            )
-        })?;
-        let size = std::mem::size_of::<T>();
-        let bad = |why: String| {
-            Error::invalid(
-                crate::error::Context::op(OpKind::Read),
-                format!("tensor {name:?}: {why}"),
-            )
-        };
-        if t.dtype.bitsize() != 8 * size {
-            return Err(bad(format!(
-                "{:?} elements are {} bits, the view's type {} bits",
+    /// An [`Error::InvalidInput`] naming the file and, where there is one, the tensor's file
+    /// offset.
+    fn invalid(&self, t: Option<&Tensor>, why: String) -> Error {
+        let mut ctx = Context::op(OpKind::Read).with_path(&self.path);
+        if let Some(t) = t {
+            ctx = ctx.with_offset(t.file_range.start);
+        }
+        Error::invalid(ctx, why)
+    }
+
+    /// The tensor called `name`, or an error saying there is none.
+    fn named(&self, name: &str) -> Result<&Tensor> {
+        self.tensor(name).ok_or_else(|| {
+            let why = format!("no tensor named {name:?} in the checkpoint");
+            self.invalid(None, why)
+        })
+    }
+
+    /// The tensor called `name`, checked to hold elements of `T`'s size. Alignment is not
+    /// checked here: decoding copies and does not need it, only a zero-copy view does.
+    fn sized<T>(&self, name: &str) -> Result<&Tensor> {
+        let t = self.named(name)?;
+        let bits = 8 * std::mem::size_of::<T>();
+        if t.dtype.bitsize() != bits {
+            let why = format!(
+                "tensor {name:?}: {:?} elements are {} bits, the requested type's {bits} bits",
                 t.dtype,
                 t.dtype.bitsize(),
-                8 * size
-            )));
-        }
-        if t.range.start % std::mem::align_of::<T>() != 0 {
-            return Err(bad(format!(
-                "its data starts at buffer byte {} (file byte {}), not aligned for a {}-byte type",
-                t.range.start,
-                t.file_offset,
-                std::mem::align_of::<T>()
-            )));
+            );
+            return Err(self.invalid(Some(t), why));
         }
         Ok(t)
     }
 }
 
 impl Checkpoint<Vec<u8>> {
-    /// The tensor's bytes.
-    pub fn bytes(&self, t: &Tensor) -> &[u8] {
-        &self.buffer[t.range.clone()]
+    /// The bytes of the tensor called `name`, as the file stores them (little-endian).
+    ///
+    /// Takes a name, so a tensor listed by the file or placed in another checkpoint cannot
+    /// select the wrong bytes:
+    ///
+    /// ```compile_fail
+    /// # async fn f(st: gpuio::safetensors::SafetensorsFile) -> gpuio::Result<()> {
+    /// let ckpt = st.load_host(|name| name != "embed").await?;
+    /// let listed = &st.tensors()[1]; // a FileTensor: its range is in the file
+    /// let _ = ckpt.bytes(listed); // refused: mismatched types; write ckpt.bytes(&listed.name)
+    /// # Ok(()) }
+    /// ```
+    pub fn bytes(&self, name: &str) -> Result<&[u8]> {
+        let t = self.named(name)?;
+        // In bounds: the buffer was sized by the plan that placed this checkpoint's tensors.
+        Ok(&self.buffer[t.buffer_range.clone()])
     }
 
-    /// The tensor's elements, read from its little-endian bytes (`T` must have the dtype's
-    /// size; on big-endian machines this still decodes little-endian).
+    /// Each loaded tensor with its bytes, in file order.
+    pub fn iter(&self) -> impl Iterator<Item = (&Tensor, &[u8])> {
+        self.tensors
+            .iter()
+            .map(|t| (t, &self.buffer[t.buffer_range.clone()]))
+    }
+
+    /// The tensor's elements, decoded from its little-endian bytes into a new `Vec` (`T`
+    /// must have the dtype's size; f16 and bf16 decode as `u16`/`i16`). The bytes may sit at
+    /// any offset: a safetensors header may have any length, so a tensor can start at an odd
+    /// file offset, and decoding copies byte by byte rather than reinterpreting the buffer.
+    /// Big-endian machines decode little-endian all the same.
     pub fn to_vec<T: FromLeBytes>(&self, name: &str) -> Result<Vec<T>> {
-        let t = self.typed::<T>(name)?;
-        Ok(self.buffer[t.range.clone()]
+        let t = self.sized::<T>(name)?;
+        // `sized` made the element size match the dtype, and the header's validation made the
+        // byte length the element count times that size, so `chunks_exact` leaves nothing.
+        Ok(self.buffer[t.buffer_range.clone()]
             .chunks_exact(std::mem::size_of::<T>())
             .map(T::from_le)
             .collect())
@@ -292,20 +364,34 @@ impl Checkpoint<Vec<u8>> {
 
 #[cfg(feature = "cuda")]
 impl Checkpoint<cudarc::driver::CudaSlice<u8>> {
-    /// The tensor as a typed device view. `T` must have the dtype's element size (f16 and
-    /// bf16 tensors view as `u16`/`i16`), and the tensor must be aligned for `T`.
+    /// The tensor as a typed device view, without a copy. `T` must have the dtype's element
+    /// size (f16 and bf16 tensors view as `u16`/`i16`), and the tensor's data must be aligned
+    /// for `T`: a view reinterprets the buffer in place, so it cannot fix alignment up.
+    /// Tensors keep their file offset's alignment (modulo 256), so files written by the
+    /// `safetensors` crate (which pads the header to a multiple of 8 and writes larger
+    /// element types first) qualify; a legal file that leaves a tensor misaligned (a header
+    /// length that is not a multiple of 8, say) gets an error saying so, and its elements can
+    /// still be had on the host through [`Checkpoint::to_vec`].
     pub fn view<T: crate::cuda::Pod>(&self, name: &str) -> Result<cudarc::driver::CudaView<'_, T>> {
-        let t = self.typed::<T>(name)?;
-        let bytes = self.buffer.slice(t.range.clone());
+        let t = self.sized::<T>(name)?;
+        let align = std::mem::align_of::<T>();
+        if t.buffer_range.start % align != 0 {
+            let why = format!(
+                "tensor {name:?}: a typed view needs its data aligned to {align} bytes, but it \
+                 starts at file byte {} (buffer byte {}; a loaded tensor keeps its file \
+                 offset's alignment); load it to the host and decode it with to_vec instead",
+                t.file_range.start, t.buffer_range.start,
+            );
+            return Err(self.invalid(Some(t), why));
+        }
+        let bytes = self.buffer.slice(t.buffer_range.clone());
         let n = t.byte_len() / std::mem::size_of::<T>();
         // SAFETY: `T: Pod` accepts every bit pattern; the view covers exactly the tensor's
         // bytes, which start aligned for `T` (checked above; the allocation itself is aligned
         // to 256 bytes and tensors keep their file offset modulo 256).
         unsafe { bytes.transmute::<T>(n) }.ok_or_else(|| {
-            Error::invalid(
-                crate::error::Context::op(OpKind::Read),
-                format!("tensor {name:?} does not fit a view of {n} elements"),
-            )
+            let why = format!("tensor {name:?} does not fit a view of {n} elements");
+            self.invalid(Some(t), why)
         })
     }
 }

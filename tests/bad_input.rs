@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::{Error, OpenOptions};
 
 /// Every case must finish well within this.
@@ -243,5 +244,60 @@ async fn tmpfs_with_direct_works_or_says_why() {
         assert_eq!(within(f.read_into(&mut buf, 3)).await.unwrap(), buf.len());
         assert_eq!(&buf[..], &model[3..100_004], "{name}");
         assert_eq!(std::fs::read(&path).unwrap(), model, "{name}");
+    }
+}
+
+/// Checks an end-of-file error names the file and the offset and says how many bytes were
+/// wanted and how many were read before the file ended.
+fn says_wanted_and_got(
+    what: &str,
+    e: &Error,
+    path: &std::path::Path,
+    offset: u64,
+    wanted: u64,
+    got: u64,
+) {
+    assert!(
+        matches!(e, Error::UnexpectedEof { wanted: w, got: g, .. } if (*w, *g) == (wanted, got)),
+        "{what}: {e:?}"
+    );
+    assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+    assert_eq!(e.context().path.as_deref(), Some(path), "{what}: {e}");
+    assert_eq!(e.context().offset, Some(offset), "{what}: {e}");
+    let msg = e.to_string();
+    assert!(msg.contains(&path.display().to_string()), "{what}: {msg}");
+    assert!(
+        msg.contains(&format!("at offset {offset}")),
+        "{what}: {msg}"
+    );
+    assert!(
+        msg.contains(&format!("wanted {wanted} bytes, got {got}")),
+        "{what}: {msg}"
+    );
+}
+
+/// `read_exact_at` and `BatchResult::exact` past the end of a 1000-byte file: the error says
+/// which file, where, wanted N, got M (it used to say "file had M", which reads as the file's
+/// size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_of_file_errors_say_where_wanted_and_got() {
+    let dir = tmpdir();
+    let (path, _) = test_file(dir.path(), "short", 1000, 5);
+    for (name, engine) in engines() {
+        let f = engine.open(&path).unwrap();
+        let mut buf = vec![0u8; 100];
+        let e = within(f.read_exact_at(&mut buf, 950)).await.unwrap_err();
+        says_wanted_and_got(name, &e, &path, 950, 100, 50);
+        let e = within(f.read_exact_at(&mut buf, 5000)).await.unwrap_err();
+        says_wanted_and_got(name, &e, &path, 5000, 100, 0);
+
+        let plan = BatchPlan::new(vec![
+            ReadDesc::new(&f, 0, 10, 0),
+            ReadDesc::new(&f, 980, 100, 10),
+        ]);
+        let mut buf = vec![0u8; plan.dst_len()];
+        let r = within(plan.read_into(&mut buf)).await;
+        let e = r.exact(plan.descs()).unwrap_err();
+        says_wanted_and_got(name, &e, &path, 980, 100, 20);
     }
 }

@@ -369,7 +369,9 @@ impl BatchResult {
         self.results.into_iter().try_fold(0, |acc, r| Ok(acc + r?))
     }
 
-    /// Like [`total`](Self::total), but a short read (end of file) is an error too.
+    /// Like [`total`](Self::total), but a short read (end of file) is an error too: an
+    /// [`Error::UnexpectedEof`] naming the first short descriptor's file and offset, its
+    /// length and the bytes it got. `descs` are the descriptors the batch ran, in order.
     pub fn exact(self, descs: &[ReadDesc]) -> Result<usize> {
         let mut total = 0;
         for (r, d) in self.results.into_iter().zip(descs) {
