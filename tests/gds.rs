@@ -319,6 +319,42 @@ async fn drop_and_leak_mid_flight_then_reuse_and_shutdown() {
         .unwrap();
 }
 
+/// cuFile batch writes dropped or leaked mid-flight never land after a later write of the
+/// same range has completed (the reactor's range fence; issue 18, item 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn abandoned_device_writes_never_land_after_a_later_write() {
+    const T: &str = "gds abandoned_device_writes_never_land_after_a_later_write";
+    let Some((engine, ctx)) = gds_engine(T, 1 << 20) else {
+        return;
+    };
+    let stream = ctx.default_stream();
+    let dir = tmpdir();
+    const LEN: usize = 16 << 20;
+    let (path, _) = test_file(dir.path(), "w", LEN, 8);
+    let Some(f) = open(T, &engine, &path, true) else {
+        return;
+    };
+    let first = stream.clone_htod(&vec![0x11u8; LEN]).unwrap();
+    let mut failures = Vec::new();
+    for round in 0..24u64 {
+        // Two leaks in all: each keeps up to a quarter of the staging pool for good.
+        let leak = round % 12 == 11;
+        let want = pattern(LEN, 100 + round);
+        let second = stream.clone_htod(&want).unwrap();
+        abandon_write_then_rewrite(&f, 0, &first, &second, round % 4, leak).await;
+        let mut back = stream.alloc_zeros::<u8>(LEN).unwrap();
+        assert_eq!(within(f.read_into(&mut back, 0)).await.unwrap(), LEN);
+        let on_disk = differing(&std::fs::read(&path).unwrap(), &want);
+        let read = differing(&stream.clone_dtoh(&back).unwrap(), &want);
+        if on_disk + read > 0 {
+            failures.push(format!(
+                "round {round} (leak={leak}): {on_disk} bytes stale on disk, {read} read back"
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// AUTO's per-file verdict. `GPUIO_EXPECT_AUTO=compat|gds|bounce` (set by the GPU bundle for
 /// its two runs) pins the expected state; without it the test checks the verdict is
 /// consistent with the probe and that reads are correct either way.

@@ -54,18 +54,20 @@ async fn abandoned_then_rewritten_everywhere(leak: bool) {
                 for round in 0..rounds {
                     // Vary how long the abandoned write runs: 0-3 ms after it was filled.
                     let ms = (round % 4) as u64;
-                    let bad = abandoned_then_rewritten(&f, 0, &first, &second, ms, leak).await;
-                    let on_disk = std::fs::read(&path).unwrap();
-                    if on_disk != second {
-                        let n = on_disk.iter().filter(|&&b| b != 0x22).count();
+                    abandon_write_then_rewrite(&f, 0, &first[..], &second[..], ms, leak).await;
+                    let on_disk = differing(&std::fs::read(&path).unwrap(), &second);
+                    let mut back = vec![0u8; LEN];
+                    assert_eq!(within(f.read_into(&mut back, 0)).await.unwrap(), LEN);
+                    let read = differing(&back, &second);
+                    if on_disk > 0 {
                         failures.push(format!(
-                            "{name} direct={direct} round {round}: {n} bytes of the abandoned \
-                             write landed after the later write completed"
+                            "{name} direct={direct} round {round}: {on_disk} bytes of the \
+                             abandoned write landed after the later write completed"
                         ));
-                    } else if bad > 0 {
+                    } else if read > 0 {
                         failures.push(format!(
                             "{name} direct={direct} round {round}: a read after the completed \
-                             write saw {bad} bytes of the abandoned one"
+                             write saw {read} bytes of the abandoned one"
                         ));
                     }
                 }
