@@ -18,6 +18,12 @@ use crate::uring::ring::UringDriver;
 /// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
 pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
 
+/// How long a request waits for bounce memory that nothing in flight can give back before the
+/// pool grows or the request fails (see [`EngineBuilder::pool_wait_limit`]). Live futures
+/// give slots back within microseconds of being polled; five seconds without any is a leak
+/// or a future its owner stopped polling, not load.
+pub const DEFAULT_POOL_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Which interface serves an engine's I/O.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -86,6 +92,8 @@ pub struct EngineBuilder {
     chunk_size: usize,
     queue_depth: usize,
     bounce_slots: usize,
+    bounce_growth: Option<usize>,
+    pool_wait_limit: std::time::Duration,
     backend: Backend,
     pread_threads: Option<usize>,
     punt_min: Option<usize>,
@@ -101,6 +109,8 @@ impl Default for EngineBuilder {
             chunk_size: 4 << 20,
             queue_depth: 64,
             bounce_slots: 32,
+            bounce_growth: None,
+            pool_wait_limit: DEFAULT_POOL_WAIT_LIMIT,
             backend: Backend::Auto,
             pread_threads: None,
             punt_min: Some(64 << 10),
@@ -129,6 +139,27 @@ impl EngineBuilder {
     /// Small requests take 4 KiB-granular pieces of a block, so this bounds bytes, not ops.
     pub fn bounce_slots(mut self, n: usize) -> Self {
         self.bounce_slots = n;
+        self
+    }
+
+    /// How many blocks the bounce pool may grow by when futures that stopped polling
+    /// (leaked with `mem::forget`, or never polled again) hold all of it (default: as many as
+    /// `bounce_slots`, so the pool may double; 0: never grow). The growth is address space
+    /// reserved at build time and costs memory only once used; it is never given back while
+    /// the engine lives. Past it, requests that find no memory for
+    /// [`pool_wait_limit`](Self::pool_wait_limit) fail with [`Error::PoolExhausted`] instead
+    /// of waiting for good. Pools in SPDK's DMA heap do not grow.
+    pub fn bounce_growth(mut self, blocks: usize) -> Self {
+        self.bounce_growth = Some(blocks);
+        self
+    }
+
+    /// How long a request may wait for bounce memory while nothing the engine has in flight
+    /// can give any back (every slot held by futures that do not poll) before the pool grows
+    /// or, grown to its limit, the waiting requests fail with [`Error::PoolExhausted`]
+    /// (default [`DEFAULT_POOL_WAIT_LIMIT`]). The pool grows after a tenth of it.
+    pub fn pool_wait_limit(mut self, limit: std::time::Duration) -> Self {
+        self.pool_wait_limit = limit;
         self
     }
 
@@ -219,6 +250,13 @@ impl EngineBuilder {
         if !(1..=u16::MAX as usize).contains(&self.bounce_slots) {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
         }
+        let growth = self.bounce_growth.unwrap_or(self.bounce_slots);
+        if growth > u16::MAX as usize {
+            return Err(Error::invalid(
+                ctx(),
+                "bounce growth must be 0..=65535 blocks",
+            ));
+        }
         if self.backend == Backend::Gds {
             #[cfg(feature = "cuda")]
             crate::gds::driver::cufile()
@@ -234,7 +272,7 @@ impl EngineBuilder {
             BounceArena::new_dma(block, self.bounce_slots)
                 .map_err(|why| Error::unsupported(ctx().with_backend("spdk"), why))?
         } else {
-            BounceArena::new(block, self.bounce_slots)
+            BounceArena::new(block, self.bounce_slots, growth)
                 .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?
         });
         let doorbell =
@@ -252,6 +290,7 @@ impl EngineBuilder {
             punt_min: self.punt_min,
             spin: self.reactor_spin,
             tick: self.reactor_tick,
+            pool_wait_limit: self.pool_wait_limit,
         };
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())

@@ -156,6 +156,23 @@ pub enum Error {
         /// The driver's error.
         reason: String,
     },
+    /// No bounce memory came free for [`EngineBuilder::pool_wait_limit`] while nothing in flight
+    /// could return any: futures that stopped polling (leaked with `mem::forget`, or never
+    /// polled again) hold the whole pool, grown to its limit. The request would otherwise
+    /// wait for good; the engine keeps serving once memory comes back.
+    ///
+    /// [`EngineBuilder::pool_wait_limit`]: crate::EngineBuilder::pool_wait_limit
+    #[error(
+        "{ctx}: no bounce memory: all {pool} bytes of the pool are held by operations whose \
+         futures stopped polling (leaked with mem::forget, or never polled again); drop or \
+         poll them, or build the engine with a larger bounce_slots/bounce_growth"
+    )]
+    PoolExhausted {
+        /// Where.
+        ctx: Box<Context>,
+        /// Bytes of bounce memory the engine has (the pool and its growth).
+        pool: usize,
+    },
     /// The reactor thread died (panicked); the engine is unusable.
     #[error("{ctx}: the reactor thread died: {reason}")]
     ReactorDied {
@@ -235,6 +252,10 @@ impl Error {
                 reason: reason.clone(),
             },
             Error::Shutdown { ctx } => Error::Shutdown { ctx: ctx.clone() },
+            Error::PoolExhausted { ctx, pool } => Error::PoolExhausted {
+                ctx: ctx.clone(),
+                pool: *pool,
+            },
             Error::Cuda { ctx, reason } => Error::Cuda {
                 ctx: ctx.clone(),
                 reason: reason.clone(),
@@ -254,6 +275,7 @@ impl Error {
             | Error::UnexpectedEof { ctx, .. }
             | Error::Unsupported { ctx, .. }
             | Error::Shutdown { ctx }
+            | Error::PoolExhausted { ctx, .. }
             | Error::Cuda { ctx, .. }
             | Error::ReactorDied { ctx, .. } => ctx,
         }
@@ -276,6 +298,7 @@ impl Error {
             Error::Unsupported { .. } => io::ErrorKind::Unsupported,
             Error::Shutdown { .. } | Error::ReactorDied { .. } => io::ErrorKind::BrokenPipe,
             Error::Cuda { .. } => io::ErrorKind::Other,
+            Error::PoolExhausted { .. } => io::ErrorKind::OutOfMemory,
         }
     }
 }

@@ -63,7 +63,9 @@ pub mod uring;
 
 pub use buf::aligned::AlignedBuf;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
-pub use engine::{Backend, BackendInfo, DEFAULT_REACTOR_TICK, Engine, EngineBuilder};
+pub use engine::{
+    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineBuilder,
+};
 pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]
 pub use file::StreamIo;

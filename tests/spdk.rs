@@ -324,7 +324,7 @@ fn abandoned_writes_never_land_after_a_later_write() {
     if !spdk_ready("abandoned_writes_never_land_after_a_later_write") {
         return;
     }
-    let t = Target::start(4436, 32);
+    let t = Target::start(4438, 32);
     // Leaks keep up to a quarter of the pool each: 64 MiB holds the four below and the rest.
     let engine = Engine::builder()
         .queue_depth(64)

@@ -21,7 +21,12 @@ const MIN_SHIFT: u32 = MIN_SLOT.trailing_zeros();
 /// Page-aligned anonymous memory for bounce slots.
 pub(crate) struct BounceArena {
     base: NonNull<u8>,
+    /// Bytes mapped: the pool and its growth reserve.
     len: usize,
+    /// Bytes of the pool proper (registered with io_uring, pinned with CUDA); the rest of the
+    /// mapping is reserve, handed out only when leaked futures hold the pool (see
+    /// `Reactor::check_pool_stall`), and costs no memory until touched.
+    pool_len: usize,
     block_size: usize,
     /// The memory, when it comes from SPDK's DMA heap instead of an anonymous mapping.
     dma: Option<crate::spdk::env::DmaRegion>,
@@ -37,24 +42,29 @@ unsafe impl Send for BounceArena {}
 unsafe impl Sync for BounceArena {}
 
 impl BounceArena {
-    /// Maps `blocks` blocks of `block_size` bytes (a power of two, at least [`MIN_SLOT`]).
-    pub(crate) fn new(block_size: usize, blocks: usize) -> io::Result<Self> {
+    /// Maps `blocks` blocks of `block_size` bytes (a power of two, at least [`MIN_SLOT`]), and
+    /// `reserve` more blocks of address space behind them for growth.
+    pub(crate) fn new(block_size: usize, blocks: usize, reserve: usize) -> io::Result<Self> {
         if !block_size.is_power_of_two() || block_size < MIN_SLOT || blocks == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "bounce block size must be a power of two >= 4096 and blocks > 0",
             ));
         }
-        let len = block_size
-            .checked_mul(blocks)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "bounce pool too large"))?;
-        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let too_large = || io::Error::new(io::ErrorKind::InvalidInput, "bounce pool too large");
+        let pool_len = block_size.checked_mul(blocks).ok_or_else(too_large)?;
+        let len = blocks
+            .checked_add(reserve)
+            .and_then(|b| b.checked_mul(block_size))
+            .ok_or_else(too_large)?;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected. The
+        // reserve is never touched unless the pool grows (MAP_NORESERVE: no commit charge).
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
@@ -66,6 +76,7 @@ impl BounceArena {
         Ok(BounceArena {
             base,
             len,
+            pool_len,
             block_size,
             dma: None,
             #[cfg(feature = "cuda")]
@@ -88,6 +99,8 @@ impl BounceArena {
         Ok(BounceArena {
             base,
             len,
+            // SPDK's DMA heap has no room to grow into: its pool is all there is.
+            pool_len: len,
             block_size,
             dma: Some(dma),
             #[cfg(feature = "cuda")]
@@ -108,7 +121,7 @@ impl BounceArena {
         self.pinned
             .get_or_init(|| {
                 // SAFETY: the mapping stays mapped until Drop, which unregisters first.
-                let r = unsafe { crate::cuda::pinned::PinnedRegion::register(ctx, self.base.as_ptr(), self.len) };
+                let r = unsafe { crate::cuda::pinned::PinnedRegion::register(ctx, self.base.as_ptr(), self.pool_len) };
                 match &r {
                     Ok(_) => tracing::debug!(bytes = self.len, "bounce pool pinned with CUDA"),
                     Err(e) => tracing::warn!(reason = %e, "bounce pool not pinned; device copies will be slower"),
@@ -129,8 +142,14 @@ impl BounceArena {
         self.block_size
     }
 
-    /// Number of blocks.
+    /// Blocks of the pool proper (registered with io_uring, pinned with CUDA).
     pub(crate) fn blocks(&self) -> usize {
+        self.pool_len / self.block_size
+    }
+
+    /// Blocks mapped: the pool and its growth reserve. Reserve blocks are plain pageable
+    /// memory: read and written without registered buffers, copied to devices unpinned.
+    pub(crate) fn capacity_blocks(&self) -> usize {
         self.len / self.block_size
     }
 
@@ -224,7 +243,6 @@ pub(crate) struct SlotAllocator {
     free: Vec<BTreeSet<usize>>,
     max_order: u8,
     block_size: usize,
-    #[cfg_attr(not(test), allow(dead_code))]
     total: usize,
     in_use: usize,
     on_device: bool,
@@ -310,10 +328,16 @@ impl SlotAllocator {
         self.in_use
     }
 
-    /// Bytes in the arena.
-    #[cfg(test)]
+    /// Bytes the allocator manages (the pool and any growth).
     pub(crate) fn total(&self) -> usize {
         self.total
+    }
+
+    /// Adds `blocks` whole blocks at the end of the managed range (the arena's reserve).
+    pub(crate) fn grow(&mut self, blocks: usize) {
+        let first = self.total;
+        self.free[self.max_order as usize].extend((0..blocks).map(|i| first + i * self.block_size));
+        self.total += blocks * self.block_size;
     }
 }
 
@@ -384,9 +408,9 @@ mod tests {
 
     #[test]
     fn arena_maps_page_aligned_memory() {
-        let arena = BounceArena::new(1 << 16, 4).unwrap();
+        let arena = BounceArena::new(1 << 16, 4, 0).unwrap();
         assert_eq!(arena.base_ptr() as usize % 4096, 0);
         assert_eq!(arena.block_iovecs().len(), 4);
-        assert!(BounceArena::new(3000, 1).is_err());
+        assert!(BounceArena::new(3000, 1, 0).is_err());
     }
 }

@@ -484,6 +484,17 @@ pub(crate) struct ReactorConfig {
     pub(crate) spin: Duration,
     /// Sleep at most this long while I/O is in the kernel (0: until woken).
     pub(crate) tick: Duration,
+    /// How long ops may wait for bounce memory nothing in flight can return before the pool
+    /// grows or they fail (`EngineBuilder::pool_wait_limit`).
+    pub(crate) pool_wait_limit: Duration,
+}
+
+/// Ops have waited for bounce memory, with nothing in flight that could return any, since
+/// `since`; `returned` is the count of slots given back then (any return restarts the wait).
+#[derive(Clone, Copy)]
+struct PoolStall {
+    since: Instant,
+    returned: u64,
 }
 
 pub(crate) struct Reactor {
@@ -517,6 +528,10 @@ pub(crate) struct Reactor {
     /// Work waited for bounce slots at the last scheduling pass (gates are then looked at on
     /// every turn: an open gate frees slots).
     short_of_slots: bool,
+    /// Slots given back so far (both pools): tells a stalled pool from a busy one.
+    slots_returned: u64,
+    /// Set while ops wait for memory that only futures which do not poll could give back.
+    stall: Option<PoolStall>,
     /// When the gates were last looked at.
     gates_polled: Instant,
     /// When the reactor last found work (a message or a completion); it spins, rather than
@@ -571,6 +586,8 @@ impl Reactor {
             gated: Vec::new(),
             compromised: false,
             short_of_slots: false,
+            slots_returned: 0,
+            stall: None,
             gates_polled: Instant::now(),
             last_work: Instant::now(),
             shutdown_started: None,
@@ -587,6 +604,7 @@ impl Reactor {
 
     /// Returns a slot to the pool it came from.
     fn free_slot(&mut self, slot: BounceSlot) {
+        self.slots_returned += 1;
         if slot.on_device {
             #[cfg(feature = "cuda")]
             if let Some(l) = self.gds.as_mut() {
@@ -754,6 +772,13 @@ impl Reactor {
                 // Only while I/O is in the kernel, so leaked operations (open for good) never
                 // keep an otherwise idle reactor waking.
                 timeout = Some(self.cfg.tick);
+            }
+            if self.stall.is_some() {
+                // Nothing may ring while the pool is stalled: look again in time to grow it
+                // or fail the waiting ops.
+                let look = (self.cfg.pool_wait_limit / 20)
+                    .clamp(Duration::from_millis(1), Duration::from_millis(50));
+                timeout = Some(timeout.map_or(look, |t| t.min(look)));
             }
             let mut block = block;
             if block
@@ -1228,6 +1253,7 @@ impl Reactor {
             self.submit_io(key, IoKind::Write, p.piece, Some(p.slot));
         }
         let mut starved = false;
+        let mut starved_on_device = false;
         while let Some(&key) = self.runnable.front() {
             let op = &mut self.ops[key];
             if op.all_started() {
@@ -1311,6 +1337,7 @@ impl Reactor {
                             continue;
                         }
                         starved = true;
+                        starved_on_device = on_device;
                         break;
                     }
                 }
@@ -1342,6 +1369,99 @@ impl Reactor {
         }
         self.short_of_slots = starved || self.window_blocked_ops > 0;
         self.doorbell.set_starved(self.short_of_slots);
+        if starved {
+            if self.check_pool_stall(starved_on_device) {
+                // New memory: start what waited for it (growth is bounded, so is this).
+                self.schedule();
+            }
+        } else {
+            self.stall = None;
+        }
+    }
+
+    /// Ops wait for bounce memory: fine while anything in flight (the kernel, a lane, a CUDA
+    /// gate, a queued write) will give some back, or while futures keep giving slots back.
+    /// When none came back for a while and nothing can, the slots are with futures that do
+    /// not poll (leaked, or forgotten by their owner): grow the host pool by an op's window,
+    /// and once it cannot grow, fail the waiting ops rather than let them wait for good.
+    /// Returns whether the pool grew.
+    fn check_pool_stall(&mut self, on_device: bool) -> bool {
+        let now = Instant::now();
+        let in_flight = !self.ios.is_empty()
+            || !self.to_submit.is_empty()
+            || !self.gated.is_empty()
+            || self.lane_outstanding() > 0;
+        let returned = self.slots_returned;
+        let stall = self.stall.get_or_insert(PoolStall {
+            since: now,
+            returned,
+        });
+        if in_flight || stall.returned != returned {
+            *stall = PoolStall {
+                since: now,
+                returned,
+            };
+            return false;
+        }
+        let waited = now.duration_since(stall.since);
+        let limit = self.cfg.pool_wait_limit;
+        if !on_device && waited >= limit / 10 && self.grow_pool() {
+            self.stall = None;
+            return true;
+        }
+        if waited >= limit {
+            self.stall = None;
+            self.fail_starved(on_device);
+        }
+        false
+    }
+
+    /// Adds up to one op window of reserve blocks to the host pool; false at the limit.
+    fn grow_pool(&mut self) -> bool {
+        let block = self.arena.block_size();
+        let have = self.slots.total() / block;
+        let room = self.arena.capacity_blocks().saturating_sub(have);
+        if room == 0 {
+            return false;
+        }
+        let blocks = (self.op_window / block).max(1).min(room);
+        self.slots.grow(blocks);
+        tracing::warn!(
+            added = blocks * block,
+            total = (have + blocks) * block,
+            "gpuio bounce pool held by futures that stopped polling (leaked?); grown"
+        );
+        true
+    }
+
+    /// Fails every op waiting for memory of the stalled pool.
+    fn fail_starved(&mut self, on_device: bool) {
+        #[cfg(feature = "cuda")]
+        let device_pool = self.gds.as_ref().map_or(0, |l| l.slots.total());
+        #[cfg(not(feature = "cuda"))]
+        let device_pool = 0;
+        let pool = if on_device {
+            device_pool
+        } else {
+            self.slots.total()
+        };
+        tracing::error!(
+            pool,
+            waiting = self.runnable.len(),
+            "gpuio bounce pool held by futures that stopped polling; failing the ops waiting for it"
+        );
+        let keys: Vec<usize> = self.runnable.iter().copied().collect();
+        for key in keys {
+            let op = &mut self.ops[key];
+            if op.kind == OpKind::Sync || op.owned.is_some() || op.stopped() {
+                continue;
+            }
+            op.error = Some(Error::PoolExhausted {
+                ctx: Box::new(op.ctx(op.offset)),
+                pool,
+            });
+            self.maybe_finish(key);
+        }
     }
 
     fn submit_io(&mut self, key: usize, kind: IoKind, piece: Piece, slot: Option<BounceSlot>) {
@@ -1464,11 +1584,11 @@ impl Reactor {
             (Some(s), _) => {
                 // SAFETY: `done <= piece.len <= slot size`, so the pointer stays in the slot.
                 let p = unsafe { self.arena.slot_ptr(s).add(io.done) };
-                let fixed = self
-                    .driver
-                    .as_ref()
-                    .is_some_and(Driver::uses_fixed_buffers)
-                    .then(|| self.slots.block_of(s) as u16);
+                // Only the pool proper is registered; growth blocks are plain memory.
+                let block = self.slots.block_of(s);
+                let fixed = (block < self.arena.blocks()
+                    && self.driver.as_ref().is_some_and(Driver::uses_fixed_buffers))
+                .then_some(block as u16);
                 (p, fixed)
             }
             // `accept` checked that the pieces cover exactly `[offset, offset + len)`, the
@@ -1704,7 +1824,7 @@ mod tests {
     /// copy is known to be finished; one the reactor took over does not.
     #[test]
     fn undelivered_gated_message_keeps_the_pool_mapped() {
-        let arena = Arc::new(BounceArena::new(1 << 16, 1).unwrap());
+        let arena = Arc::new(BounceArena::new(1 << 16, 1, 0).unwrap());
         drop(gated(|| GateState::Open, &arena));
         assert_eq!(Arc::strong_count(&arena), 1, "finished copy: nothing kept");
         drop(gated(|| GateState::Closed, &arena));
