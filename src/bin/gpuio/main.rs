@@ -3,6 +3,7 @@
 
 mod bench;
 mod check;
+mod cleanup;
 mod plot;
 mod size;
 mod soak;
