@@ -319,7 +319,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
         Some(p) => p.clone(),
         None if !needs_file => PathBuf::new(),
         None => {
-            let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
+            // Refuse a file the filesystem cannot hold before writing any of it; register it
+            // so that Ctrl-C or SIGTERM removes it too (the guard's Drop covers errors).
+            let dir = std::env::temp_dir();
+            crate::cleanup::check_room(&dir, a.size.0, "bench: the temporary file of --size")?;
+            let (t, _) = crate::cleanup::TempPath::create(&dir, "gpuio-bench-")?;
             let p = t.path().to_path_buf();
             _tmp = t;
             if a.rw == Rw::Read {
