@@ -19,8 +19,12 @@ fn a_signal_during_bench_removes_its_temporary_file() {
     wait_for_file(dir.path(), "gpuio-bench", &mut b);
     b.signal(libc::SIGTERM);
     let r = b.wait();
+    assert!(
+        names(dir.path()).is_empty(),
+        "left behind: {:?}",
+        names(dir.path())
+    );
     assert_eq!(r.status.code(), Some(143), "{r:?}");
-    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 }
 
 #[test]
@@ -34,8 +38,12 @@ fn a_signal_during_soak_removes_its_file() {
     wait_for_file(dir.path(), "gpuio-soak", &mut s);
     s.signal(libc::SIGINT);
     let r = s.wait();
+    assert!(
+        names(dir.path()).is_empty(),
+        "left behind: {:?}",
+        names(dir.path())
+    );
     assert_eq!(r.status.code(), Some(130), "{r:?}");
-    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 }
 
 /// Free bytes for an unprivileged writer where `dir` lives.

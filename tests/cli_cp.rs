@@ -183,9 +183,9 @@ fn a_signal_during_cp_leaves_neither_a_temporary_file_nor_a_partial_destination(
     wait_for_file(d, ".dst.gpuio-tmp-", &mut c);
     c.signal(libc::SIGTERM);
     let r = c.wait();
-    assert_eq!(r.status.code(), Some(143), "{r:?}");
     assert_eq!(std::fs::read(&dst).unwrap(), b"old contents");
     assert_eq!(names(d), ["dst", "src"]);
+    assert_eq!(r.status.code(), Some(143), "{r:?}");
 
     // SIGINT (Ctrl-C) with no destination yet: none afterwards.
     let new = d.join("new");
@@ -193,8 +193,8 @@ fn a_signal_during_cp_leaves_neither_a_temporary_file_nor_a_partial_destination(
     wait_for_file(d, ".new.gpuio-tmp-", &mut c);
     c.signal(libc::SIGINT);
     let r = c.wait();
-    assert_eq!(r.status.code(), Some(130), "{r:?}");
     assert_eq!(names(d), ["dst", "src"]);
+    assert_eq!(r.status.code(), Some(130), "{r:?}");
 }
 
 #[test]
