@@ -70,4 +70,14 @@ fn bench_refuses_a_size_beyond_the_free_space_before_writing() {
     let d = dir.path().to_string_lossy();
     assert!(r.stderr.contains(&*d) && r.stderr.contains("free"), "{r:?}");
     assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
+
+    // A write bench grows --file up to --size: the same check, before creating it.
+    let r = run(gpuio()
+        .args(["bench", "--rw", "write", "--seconds", "1", "--size"])
+        .arg(size.to_string())
+        .arg("--file")
+        .arg(dir.path().join("f")));
+    assert!(!r.ok(), "{r:?}");
+    assert!(r.stderr.contains(&*d) && r.stderr.contains("free"), "{r:?}");
+    assert!(names(dir.path()).is_empty(), "{:?}", names(dir.path()));
 }

@@ -316,7 +316,12 @@ pub async fn run(a: BenchArgs) -> CliResult {
     // The file: given, or a temporary one we fill first (once, for every point).
     let _tmp;
     let path = match &a.file {
-        Some(p) => p.clone(),
+        Some(p) => {
+            if a.rw == Rw::Write && needs_file {
+                check_write_room(p, a.size.0)?;
+            }
+            p.clone()
+        }
         None if !needs_file => PathBuf::new(),
         None => {
             // Refuse a file the filesystem cannot hold before writing any of it; register it
@@ -1108,6 +1113,25 @@ async fn spdk_perf(
         cores: None,
         detail: None,
     })
+}
+
+/// `--rw write --file PATH` grows a regular file (or makes one) up to --size: refuse that
+/// up front when the filesystem lacks the room, as for the temporary file. A block device
+/// (or anything else that is not a regular file) has its size already.
+fn check_write_room(path: &std::path::Path, size: u64) -> CliResult {
+    let have = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        // Opening it later reports the problem with its path.
+        Err(_) => return Ok(()),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    crate::cleanup::check_room(dir, size.saturating_sub(have), "bench --rw write: --size")?;
+    Ok(())
 }
 
 /// Fills a fresh file with `size` pseudo-random bytes through the engine.
