@@ -194,8 +194,9 @@ pub async fn run(a: CpArgs) -> CliResult {
     let len = input
         .len()
         .map_err(|e| format!("cp: cannot read {}: {e}", q(&a.src)))?;
-    // Only a regular file has holes worth keeping; a block device reads as all data.
-    let extents = if sm.file_type().is_file() {
+    // Only a regular file has holes worth keeping; a block device reads as all data, and a
+    // device destination keeps its old bytes where the source has holes: copy those too.
+    let extents = if sm.file_type().is_file() && !matches!(dest, Dest::Device(_)) {
         data_extents(&a.src, len).map_err(|e| format!("cp: cannot read {}: {e}", q(&a.src)))?
     } else {
         vec![(0, len)]
@@ -203,7 +204,9 @@ pub async fn run(a: CpArgs) -> CliResult {
     let copy = Copy {
         src: &a.src,
         input: &input,
+        engine: &engine,
         chunk: a.chunk.0,
+        direct: a.direct,
     };
 
     let start = Instant::now();
@@ -226,14 +229,13 @@ pub async fn run(a: CpArgs) -> CliResult {
                 )
                 .into());
             }
-            // A device keeps its old bytes where the source has holes: copy those as data.
-            let data = copy.run(&output, &path, &[(0, len)]).await?;
+            let data = copy.run(&output, &path, &extents).await?;
             output.sync_all().await.map_err(|e| fail(&e))?;
             data
         }
         Dest::New { path, mode } => {
             let mode = mode & !umask();
-            write_replacing(&copy, &engine, a.direct, &path, &path, &extents, len, |f| {
+            write_replacing(&copy, &path, &path, &extents, len, |f| {
                 f.set_permissions(fs::Permissions::from_mode(mode))
             })
             .await?
@@ -245,21 +247,12 @@ pub async fn run(a: CpArgs) -> CliResult {
             uid,
             gid,
         } => {
-            write_replacing(
-                &copy,
-                &engine,
-                a.direct,
-                &shown,
-                &target,
-                &extents,
-                len,
-                |f| {
-                    // Root may give the file back to its owner; anyone else keeps it, as a user
-                    // cannot give files away (and the old file was theirs to replace).
-                    let _ = std::os::unix::fs::fchown(f, Some(uid), Some(gid));
-                    f.set_permissions(fs::Permissions::from_mode(mode))
-                },
-            )
+            write_replacing(&copy, &shown, &target, &extents, len, |f| {
+                // Root may give the file back to its owner; anyone else keeps it, as a user
+                // cannot give files away (and the old file was theirs to replace).
+                let _ = std::os::unix::fs::fchown(f, Some(uid), Some(gid));
+                f.set_permissions(fs::Permissions::from_mode(mode))
+            })
             .await?
         }
     };
@@ -281,11 +274,8 @@ pub async fn run(a: CpArgs) -> CliResult {
 /// Copies into a temporary file beside `target`, gives it its length and `finish`'s
 /// metadata, fsyncs it and renames it over `target`; `shown` is the destination as the user
 /// named it, for messages. Returns the data bytes copied.
-#[allow(clippy::too_many_arguments)]
 async fn write_replacing(
     copy: &Copy<'_>,
-    engine: &Engine,
-    direct: bool,
     shown: &Path,
     target: &Path,
     extents: &[(u64, u64)],
@@ -305,8 +295,8 @@ async fn write_replacing(
     // From here on every early return drops `tmp`, which removes the temporary file.
     let output = OpenOptions::new()
         .write(true)
-        .direct(direct)
-        .open(engine, tmp.path())
+        .direct(copy.direct)
+        .open(copy.engine, tmp.path())
         .map_err(|e| fail(&e))?;
     let data = copy.run(&output, shown, extents).await?;
     // The length covers a trailing hole, which no write reached.
@@ -333,11 +323,13 @@ async fn write_replacing(
     Ok(data)
 }
 
-/// The source side of a copy.
+/// The source side of a copy, and how to open the destination.
 struct Copy<'a> {
     src: &'a Path,
     input: &'a gpuio::File,
+    engine: &'a Engine,
     chunk: u64,
+    direct: bool,
 }
 
 impl Copy<'_> {
