@@ -316,10 +316,19 @@ pub async fn run(a: BenchArgs) -> CliResult {
     // The file: given, or a temporary one we fill first (once, for every point).
     let _tmp;
     let path = match &a.file {
-        Some(p) => p.clone(),
+        Some(p) => {
+            if a.rw == Rw::Write && needs_file {
+                check_write_room(p, a.size.0)?;
+            }
+            p.clone()
+        }
         None if !needs_file => PathBuf::new(),
         None => {
-            let t = tempfile::Builder::new().prefix("gpuio-bench").tempfile()?;
+            // Refuse a file the filesystem cannot hold before writing any of it; register it
+            // so that Ctrl-C or SIGTERM removes it too (the guard's Drop covers errors).
+            let dir = std::env::temp_dir();
+            crate::cleanup::check_room(&dir, a.size.0, "bench: the temporary file of --size")?;
+            let (t, _) = crate::cleanup::TempPath::create(&dir, "gpuio-bench-")?;
             let p = t.path().to_path_buf();
             _tmp = t;
             if a.rw == Rw::Read {
@@ -1104,6 +1113,25 @@ async fn spdk_perf(
         cores: None,
         detail: None,
     })
+}
+
+/// `--rw write --file PATH` grows a regular file (or makes one) up to --size: refuse that
+/// up front when the filesystem lacks the room, as for the temporary file. A block device
+/// (or anything else that is not a regular file) has its size already.
+fn check_write_room(path: &std::path::Path, size: u64) -> CliResult {
+    let have = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => m.len(),
+        Ok(_) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
+        // Opening it later reports the problem with its path.
+        Err(_) => return Ok(()),
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    crate::cleanup::check_room(dir, size.saturating_sub(have), "bench --rw write: --size")?;
+    Ok(())
 }
 
 /// Fills a fresh file with `size` pseudo-random bytes through the engine.

@@ -137,9 +137,14 @@ pub async fn run(a: SoakArgs) -> CliResult {
     let max_len = (a.max_len.0 as usize).min(region_len);
     let cuda = a.to.cuda()?;
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
-    let tmp = tempfile::Builder::new()
-        .prefix("gpuio-soak")
-        .tempfile_in(&dir)?;
+    // Refuse a file the filesystem cannot hold before writing any of it; register it so that
+    // Ctrl-C or SIGTERM removes it too (the guard's Drop covers errors and the normal end).
+    crate::cleanup::check_room(
+        &dir,
+        a.regions.saturating_mul(region_len) as u64,
+        "soak: the file of --size",
+    )?;
+    let (tmp, _) = crate::cleanup::TempPath::create(&dir, "gpuio-soak-")?;
     let path = tmp.path().to_path_buf();
     let mut rng = fastrand::Rng::with_seed(a.seed);
 
