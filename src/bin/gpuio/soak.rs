@@ -22,63 +22,20 @@
 //! Leaked operations keep their bounce slots by contract, so leaks stop at a budget of an
 //! eighth of each engine's pool (later would-be leaks are drops) and the engines keep serving.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use gpuio::cuda::cudarc::driver::CudaStream;
 use gpuio::{Backend, Engine, File, OpenOptions};
 use tokio::sync::RwLock;
 
 use crate::CliResult;
-use crate::bench::Target;
-use crate::size::{ByteSize, fmt_bytes};
+use crate::size::fmt_bytes;
 
-#[derive(Args, Debug)]
-pub struct SoakArgs {
-    /// Minutes to run.
-    #[arg(long, default_value_t = 1.0)]
-    minutes: f64,
-    /// Directory for the soak file (default: the system temp dir).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Size of the soak file (and of the part of an NVMe namespace used).
-    #[arg(long, default_value = "256M")]
-    size: ByteSize,
-    /// Concurrent tasks (thousands make a cancellation storm).
-    #[arg(long, default_value_t = 32)]
-    tasks: usize,
-    /// Regions the file is cut into; a write holds its region alone, reads share it.
-    #[arg(long, default_value_t = 64)]
-    regions: usize,
-    /// Largest request.
-    #[arg(long, default_value = "2M")]
-    max_len: ByteSize,
-    /// Where reads land: host, gpu, gpu:N (writes come from host memory).
-    #[arg(long, default_value = "host")]
-    to: Target,
-    /// Backends to use (default: uring and pread; with a GPU, auto too).
-    #[arg(long, value_delimiter = ',')]
-    backend: Vec<Backend>,
-    /// Percent of operations dropped mid-flight.
-    #[arg(long, default_value_t = 10)]
-    drop_percent: u8,
-    /// Percent of operations leaked (`mem::forget`) mid-flight, within each engine's budget.
-    #[arg(long, default_value_t = 1)]
-    leak_percent: u8,
-    /// Open modes: buffered, direct, or both.
-    #[arg(long, value_delimiter = ',', default_value = "buffered,direct")]
-    modes: Vec<String>,
-    /// Also soak this NVMe namespace through SPDK (a transport ID; its first --size bytes are
-    /// overwritten).
-    #[arg(long)]
-    nvme: Option<String>,
-    /// Seed of the random choices.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-}
+mod args;
+
+pub use args::SoakArgs;
 
 /// Bytes a cancelled write writes: never 0xFF, which the source turns into after the cancel.
 const SCRATCH_MAX: u8 = 0x7F;
