@@ -10,6 +10,7 @@ use gpuio::{Backend, Engine, OpenOptions};
 
 use crate::CliResult;
 use crate::size::fmt_bytes;
+use crate::stdout::outln;
 
 mod args;
 mod peers;
@@ -222,16 +223,16 @@ pub async fn run(a: BenchArgs) -> CliResult {
                     .filter(|r| !r.is_empty())
                     .map(|r| median_peer(r))
                     .collect();
-                report::against_peers(&mut m, &peers, rounds);
+                report::against_peers(&mut m, &peers, rounds)?;
                 m.result.peers = peers;
                 if a.json {
-                    println!("{}", m.json);
+                    outln!("{}", m.json)?;
                 }
                 results.push(m.result);
             }
         }
     }
-    report::summary(&results);
+    report::summary(&results)?;
     if let Some(p) = &a.plot {
         let title = format!(
             "gpuio bench: {} {} {} to {}, {}",
@@ -242,7 +243,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
             fmt_bytes(span),
         );
         crate::plot::write_svg(p, &title, &results)?;
-        println!("plot written to {}", p.display());
+        outln!("plot written to {}", p.display())?;
     }
     Ok(())
 }
@@ -468,7 +469,7 @@ async fn measure(
         },
         None => engine.backend().name.to_string(),
     };
-    println!(
+    outln!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB), backend {served_by}",
         if a.direct { "O_DIRECT" } else { "buffered" },
@@ -483,7 +484,7 @@ async fn measure(
         pct(0.99),
         cpu / secs,
         cpu / (all.bytes as f64 / 1e9).max(1e-9),
-    );
+    )?;
     let json = serde_json::json!({
         "cpu_cores": cpu / secs,
         "cpu_s_per_gb": cpu / (all.bytes as f64 / 1e9).max(1e-9),

@@ -6,6 +6,7 @@ mod check;
 mod plot;
 mod size;
 mod soak;
+mod stdout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -109,6 +110,8 @@ fn main() -> ExitCode {
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout has gone (`gpuio check | head -4`): nothing left to say.
+        Err(e) if stdout::is_closed(&*e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpuio: {e}");
             ExitCode::FAILURE

@@ -32,6 +32,7 @@ use tokio::sync::RwLock;
 
 use crate::CliResult;
 use crate::size::fmt_bytes;
+use crate::stdout::outln;
 
 mod args;
 
@@ -124,7 +125,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
         {
             Ok(e) => e,
             Err(e) => {
-                println!("skipping backend {backend}: {e}");
+                outln!("skipping backend {backend}: {e}")?;
                 continue;
             }
         };
@@ -141,7 +142,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
                     file,
                     leak_budget: budget.clone(),
                 }),
-                Err(e) => println!("skipping {backend} {mode}: {e}"),
+                Err(e) => outln!("skipping {backend} {mode}: {e}")?,
             }
         }
         engines.push(engine);
@@ -158,7 +159,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
     if targets.is_empty() {
         return Err("no backend and open mode to soak".into());
     }
-    println!(
+    outln!(
         "soak: {} regions of {} for {:.1} min, {} tasks, requests up to {}, reads into {}, \
          {}% dropped, {}% leaked, over: {}",
         a.regions,
@@ -174,7 +175,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
             .flat_map(|t| t.handles.iter().map(|h| h.name.as_str()))
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    )?;
     let targets = Arc::new(targets);
     // A few CUDA streams shared by all tasks (thousands of streams would cost more than the
     // I/O they carry).
@@ -218,7 +219,10 @@ pub async fn run(a: SoakArgs) -> CliResult {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                println!("{}", report(&counters, start.elapsed()));
+                // A closed stdout ends the reports, not the soak: its verdict is the exit status.
+                if outln!("{}", report(&counters, start.elapsed())).is_err() {
+                    return;
+                }
                 let stuck: Vec<String> = doing
                     .iter()
                     .enumerate()
@@ -236,10 +240,10 @@ pub async fn run(a: SoakArgs) -> CliResult {
                     })
                     .collect();
                 for s in stuck.iter().take(10) {
-                    println!("  {s}");
+                    let _ = outln!("  {s}");
                 }
                 if stuck.len() > 10 {
-                    println!("  ... and {} more", stuck.len() - 10);
+                    let _ = outln!("  ... and {} more", stuck.len() - 10);
                 }
             }
         })
@@ -284,12 +288,14 @@ pub async fn run(a: SoakArgs) -> CliResult {
             }
         }
     }
-    println!("{}", report(&counters, start.elapsed()));
+    // The verdict does not depend on stdout: a failed soak fails even if nobody reads.
+    let shown = outln!("{}", report(&counters, start.elapsed()));
     let bad = counters.errors.load(Ordering::Relaxed) + counters.mismatches.load(Ordering::Relaxed);
     if bad > 0 {
         return Err(format!("soak failed: {bad} errors or mismatches").into());
     }
-    println!("soak passed: every read and the final contents matched the model");
+    shown?;
+    outln!("soak passed: every read and the final contents matched the model")?;
     Ok(())
 }
 

@@ -2,11 +2,13 @@
 //! table of a sweep.
 
 use super::{Measurement, PeerResult, PointOutput};
+use crate::CliResult;
 use crate::size::short_size;
+use crate::stdout::outln;
 
 /// One line per peer comparing the point with it (medians of `rounds`), and the peer's
 /// figures added to the point's JSON.
-pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: usize) {
+pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: usize) -> CliResult {
     for (i, p) in peers.iter().enumerate() {
         let name = p.name;
         let per_gb = |cores: f64, gbps: f64| {
@@ -16,7 +18,7 @@ pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: u
                 "-".to_string()
             }
         };
-        println!(
+        outln!(
             "  vs {name} (medians of {rounds}{}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
              {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS); \
              CPU cores gpuio {:.2}, {name} {}; CPU s/GB gpuio {}, {name} {}",
@@ -35,7 +37,7 @@ pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: u
             per_gb(m.result.cores, m.result.gbps),
             p.cores
                 .map_or_else(|| "-".to_string(), |c| per_gb(c, p.gbps)),
-        );
+        )?;
         let key = name.replace('-', "_");
         if i == 0 {
             m.json["peer"] = name.into();
@@ -53,14 +55,15 @@ pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: u
             m.json[format!("{key}_detail")] = d.clone().into();
         }
     }
+    Ok(())
 }
 
 /// The table of a sweep (or of one point with peers): a row per point and peer.
-pub(super) fn summary(results: &[Measurement]) {
+pub(super) fn summary(results: &[Measurement]) -> CliResult {
     if results.len() <= 1 && results.iter().all(|m| m.peers.is_empty()) {
-        return;
+        return Ok(());
     }
-    println!(
+    outln!(
         "{:<8} {:>8} {:>5} {:>9} {:>10} {:>8} {:>8}  {:>9} {:>10} {:>7}  served by (peer)",
         "backend",
         "bs",
@@ -72,7 +75,7 @@ pub(super) fn summary(results: &[Measurement]) {
         "peer GB/s",
         "peer IOPS",
         "ratio"
-    );
+    )?;
     for m in results {
         // One row per peer (the gpuio columns repeat), or one without a peer.
         let rows: Vec<(String, String, String, String)> = if m.peers.is_empty() {
@@ -91,7 +94,7 @@ pub(super) fn summary(results: &[Measurement]) {
                 .collect()
         };
         for (fg, fi, ratio, who) in rows {
-            println!(
+            outln!(
                 "{:<8} {:>8} {:>5} {:>9.3} {:>10.0} {:>8} {:>8}  {fg:>9} {fi:>10} {ratio:>7}  {}{who}",
                 m.point.backend.to_string(),
                 short_size(m.point.bs),
@@ -101,7 +104,8 @@ pub(super) fn summary(results: &[Measurement]) {
                 m.lat_p50_us,
                 m.lat_p99_us,
                 m.served_by
-            );
+            )?;
         }
     }
+    Ok(())
 }

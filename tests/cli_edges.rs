@@ -1,0 +1,114 @@
+//! What a careless or hostile user of the `gpuio` command does, run against the real binary:
+//! each case ends within a time limit, without a panic or an abort, and with an error that
+//! names the flag or path at fault.
+
+use std::io::Read;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Every case must finish well within this (a blocked open or a runaway run does not).
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// What a run of the binary left.
+struct Run {
+    what: String,
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn succeeded(&self) -> &Self {
+        assert_eq!(
+            self.code,
+            Some(0),
+            "{}: stdout:\n{}\nstderr:\n{}",
+            self.what,
+            self.stdout,
+            self.stderr
+        );
+        self.no_panic()
+    }
+
+    fn no_panic(&self) -> &Self {
+        assert!(
+            !self.stderr.contains("panicked"),
+            "{}: panicked:\n{}",
+            self.what,
+            self.stderr
+        );
+        self
+    }
+}
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuio"));
+    // Panic messages stay short; they are failures here either way.
+    c.env("RUST_BACKTRACE", "0");
+    c
+}
+
+/// Waits for `child` up to [`LIMIT`]; past it, kills it and fails the test.
+fn wait(mut child: Child, what: &str) -> Option<i32> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.code(),
+            Ok(None) if start.elapsed() < LIMIT => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{what}: still running after {LIMIT:?} (killed)");
+            }
+            Err(e) => panic!("{what}: waiting for gpuio: {e}"),
+        }
+    }
+}
+
+/// Runs `gpuio ARGS` with stdout a pipe whose reader has already gone: every write fails with
+/// EPIPE, as under `gpuio ARGS | head -1` once head has exited.
+fn into_a_closed_pipe(args: &[&str]) -> Run {
+    let what = format!("gpuio {} | (closed)", args.join(" "));
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the array.
+    assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+    // SAFETY: fresh descriptors that nothing else owns.
+    let (reader, writer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(reader);
+    let mut cmd = bin();
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(writer))
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("spawn gpuio");
+    // The command keeps its copy of the write end until dropped.
+    drop(cmd);
+    let mut stderr = child.stderr.take().expect("stderr pipe");
+    let reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = stderr.read_to_string(&mut s);
+        s
+    });
+    let code = wait(child, &what);
+    Run {
+        code,
+        stdout: String::new(),
+        stderr: reader.join().unwrap_or_default(),
+        what,
+    }
+}
+
+#[test]
+fn check_into_a_closed_pipe_ends_quietly() {
+    let r = into_a_closed_pipe(&["check"]);
+    r.succeeded();
+    assert!(r.stderr.is_empty(), "{}: {}", r.what, r.stderr);
+}
+
+#[test]
+fn bench_into_a_closed_pipe_ends_quietly() {
+    let r = into_a_closed_pipe(&["bench", "--size", "1M", "--bs", "4K", "--seconds", "0.1"]);
+    r.succeeded();
+    assert!(r.stderr.is_empty(), "{}: {}", r.what, r.stderr);
+}
