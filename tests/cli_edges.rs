@@ -4,6 +4,7 @@
 
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,18 @@ struct Run {
 }
 
 impl Run {
+    /// Failed cleanly: an ordinary error exit (1, or clap's 2 for a bad value), no panic.
+    fn refused(&self) -> &Self {
+        assert!(
+            matches!(self.code, Some(1 | 2)),
+            "{}: wanted a clean refusal (exit 1 or 2), got {:?}; stderr:\n{}",
+            self.what,
+            self.code,
+            self.stderr
+        );
+        self.no_panic()
+    }
+
     fn succeeded(&self) -> &Self {
         assert_eq!(
             self.code,
@@ -38,6 +51,19 @@ impl Run {
             self.what,
             self.stderr
         );
+        self
+    }
+
+    /// stderr says all of `parts`.
+    fn says(&self, parts: &[&str]) -> &Self {
+        for p in parts {
+            assert!(
+                self.stderr.contains(p),
+                "{}: stderr lacks {p:?}:\n{}",
+                self.what,
+                self.stderr
+            );
+        }
         self
     }
 }
@@ -64,6 +90,32 @@ fn wait(mut child: Child, what: &str) -> Option<i32> {
             Err(e) => panic!("{what}: waiting for gpuio: {e}"),
         }
     }
+}
+
+/// Runs `gpuio ARGS` with stdout and stderr in files (nothing blocks on a full pipe).
+fn gpuio(args: &[&str]) -> Run {
+    let what = format!("gpuio {}", args.join(" "));
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let (out, err) = (dir.path().join("stdout"), dir.path().join("stderr"));
+    let child = bin()
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).expect("stdout file"))
+        .stderr(std::fs::File::create(&err).expect("stderr file"))
+        .spawn()
+        .expect("spawn gpuio");
+    let code = wait(child, &what);
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+    Run {
+        code,
+        stdout: read(&out),
+        stderr: read(&err),
+        what,
+    }
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("UTF-8 temporary path")
 }
 
 /// Runs `gpuio ARGS` with stdout a pipe whose reader has already gone: every write fails with
@@ -111,4 +163,48 @@ fn bench_into_a_closed_pipe_ends_quietly() {
     let r = into_a_closed_pipe(&["bench", "--size", "1M", "--bs", "4K", "--seconds", "0.1"]);
     r.succeeded();
     assert!(r.stderr.is_empty(), "{}: {}", r.what, r.stderr);
+}
+
+// Item 11: the CLI builds SPDK engines with DMA memory; its errors give no library advice.
+
+#[test]
+fn spdk_errors_give_cli_users_advice_they_can_follow() {
+    // A PCIe address no machine has: nothing is ever read or written.
+    let trid = "trtype:PCIe traddr:ffff:ff:1f.7";
+    let dir = tempfile::tempdir().unwrap();
+    let runs = [
+        gpuio(&[
+            "bench",
+            "--backend",
+            "spdk",
+            "--target",
+            trid,
+            "--size",
+            "4K",
+            "--bs",
+            "4K",
+            "--seconds",
+            "0.1",
+        ]),
+        gpuio(&[
+            "soak",
+            "--nvme",
+            trid,
+            "--size",
+            "1M",
+            "--minutes",
+            "0.01",
+            "--dir",
+            s(dir.path()),
+        ]),
+    ];
+    for r in &runs {
+        r.refused().says(&[trid]);
+        assert!(
+            !r.stderr.contains("EngineBuilder") && !r.stderr.contains("spdk_memory"),
+            "{}: advice only a library user can follow:\n{}",
+            r.what,
+            r.stderr
+        );
+    }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use gpuio::batch::{BatchPlan, ReadDesc};
-use gpuio::{Backend, Engine, OpenOptions};
+use gpuio::{Backend, Engine, EngineBuilder, OpenOptions};
 
 use crate::CliResult;
 use crate::size::fmt_bytes;
@@ -103,9 +103,15 @@ pub async fn run(a: BenchArgs) -> CliResult {
     // The namespace's span: its size, at most --size.
     let nvme_span = match &a.nvme {
         Some(trid) => {
-            let len = Engine::new()?.open_nvme(trid)?.len()?.min(a.size.0);
+            let engine = nvme_engine(Engine::builder().bounce_slots(1), "--target", trid)?;
+            let len = engine.open_nvme(trid)?.len()?.min(a.size.0);
             if len < max_bs {
-                return Err(format!("namespace span {len} is smaller than --bs {max_bs}").into());
+                return Err(format!(
+                    "--target {trid}: the namespace span of {} is smaller than --bs {}",
+                    fmt_bytes(len),
+                    fmt_bytes(max_bs)
+                )
+                .into());
             }
             len
         }
@@ -536,6 +542,18 @@ fn process_cpu_seconds() -> f64 {
     }
     let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
     t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// An engine for the SPDK namespace `trid` (named by `flag`): its bounce pool in SPDK's DMA
+/// memory, which local PCIe drives need (and NVMe/TCP can use). Without it, opening a PCIe
+/// drive fails with advice for library users (`EngineBuilder::spdk_memory`) that a CLI user
+/// cannot follow. Where SPDK or its hugepages are missing, the error says which, with the
+/// command that provides them.
+pub fn nvme_engine(builder: EngineBuilder, flag: &str, trid: &str) -> Result<Engine, String> {
+    builder
+        .spdk_memory(true)
+        .build()
+        .map_err(|e| format!("{flag} {trid}: an engine with SPDK DMA memory: {e}"))
 }
 
 /// Fills a fresh file with `size` pseudo-random bytes through the engine.

@@ -259,8 +259,9 @@ pub async fn run(a: SoakArgs) -> CliResult {
     // Last word: the file read with std, the namespace read by a fresh engine.
     for t in targets.iter() {
         let on_disk = if t.handles[0].file.is_nvme() {
-            let fresh = Engine::new()?;
-            let f = fresh.open_nvme(a.nvme.as_deref().unwrap_or_default())?;
+            let trid = a.nvme.as_deref().unwrap_or_default();
+            let fresh = crate::bench::nvme_engine(Engine::builder(), "--nvme", trid)?;
+            let f = fresh.open_nvme(trid)?;
             let mut b = vec![0u8; t.model.regions.len() * region_len];
             let n = f.read_into(&mut b, 0).await?;
             if n != b.len() {
@@ -469,7 +470,7 @@ async fn nvme_target(
     region_len: usize,
     engines: &mut Vec<Engine>,
 ) -> Result<SoakTarget, Box<dyn std::error::Error + Send + Sync>> {
-    let engine = Engine::new()?;
+    let engine = crate::bench::nvme_engine(Engine::builder(), "--nvme", trid)?;
     let file = engine.open_nvme(trid)?;
     let ns_len = file.len()?;
     let regions = regions.min((ns_len / region_len as u64) as usize);
