@@ -118,6 +118,152 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temporary path")
 }
 
+// Item 7: values that panicked or aborted are refused up front, naming the flag.
+
+#[test]
+fn bench_chunk_zero_is_refused() {
+    gpuio(&[
+        "bench",
+        "--chunk",
+        "0",
+        "--size",
+        "1M",
+        "--bs",
+        "4K",
+        "--seconds",
+        "0.1",
+    ])
+    .refused()
+    .says(&["--chunk", "multiple of 4 KiB"]);
+}
+
+#[test]
+fn durations_past_a_year_are_refused() {
+    gpuio(&["bench", "--seconds", "1e300", "--size", "1M", "--bs", "4K"])
+        .refused()
+        .says(&["--seconds", "longer than a year"]);
+    let dir = tempfile::tempdir().unwrap();
+    gpuio(&[
+        "soak",
+        "--minutes",
+        "1e300",
+        "--size",
+        "1M",
+        "--dir",
+        s(dir.path()),
+    ])
+    .refused()
+    .says(&["--minutes", "longer than a year"]);
+}
+
+#[test]
+fn soak_regions_past_what_the_size_holds_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    gpuio(&[
+        "soak",
+        "--regions",
+        "100000000",
+        "--size",
+        "1M",
+        "--minutes",
+        "0.01",
+        "--dir",
+        s(dir.path()),
+    ])
+    .refused()
+    .says(&["--regions 100000000", "at most 256 regions"]);
+}
+
+#[test]
+fn other_bad_values_are_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = s(dir.path());
+    let w = dir.path().join("w");
+    let cases: &[(&[&str], &[&str])] = &[
+        (&["bench", "--qd", "0"], &["--qd", "1..=32768"]),
+        (&["bench", "--qd", "100000000"], &["--qd", "1..=32768"]),
+        (&["bench", "--bs", "0"], &["--bs", "at least 1 byte"]),
+        (&["bench", "--size", "0"], &["--size", "at least 1 byte"]),
+        (
+            &["bench", "--chunk", "1000"],
+            &["--chunk", "multiple of 4 KiB"],
+        ),
+        (
+            &["bench", "--seconds", "nan"],
+            &["--seconds", "not a finite"],
+        ),
+        (
+            &["bench", "--seconds", "1e-300"],
+            &["--seconds", "millisecond"],
+        ),
+        (
+            &["bench", "--pattern", "batch", "--batch", "0"],
+            &["--batch"],
+        ),
+        // Buffers beyond the machine's memory: once an abort (or the OOM killer).
+        (
+            &[
+                "bench",
+                "--rw",
+                "write",
+                "--size",
+                "1T",
+                "--bs",
+                "1T",
+                "--file",
+                s(&w),
+            ],
+            &["--bs 1T", "host memory"],
+        ),
+        (
+            &[
+                "bench",
+                "--pattern",
+                "batch",
+                "--batch",
+                "65536",
+                "--bs",
+                "1M",
+                "--size",
+                "1M",
+            ],
+            &["--batch 65536", "host memory"],
+        ),
+        (
+            &["soak", "--tasks", "0", "--dir", d],
+            &["--tasks", "1..=1048576"],
+        ),
+        (
+            &["soak", "--tasks", "2000000", "--size", "1M", "--dir", d],
+            &["--tasks", "1..=1048576"],
+        ),
+        (
+            &["soak", "--max-len", "0", "--dir", d],
+            &["--max-len", "at least 1 byte"],
+        ),
+        (
+            &["soak", "--size", "0", "--dir", d],
+            &["--size", "at least 1 byte"],
+        ),
+        (
+            &["soak", "--size", "16000000T", "--dir", d],
+            &["--size", "host memory"],
+        ),
+        (
+            &["soak", "--minutes", "0", "--dir", d],
+            &["--minutes", "millisecond"],
+        ),
+        (
+            &["soak", "--modes", "fast", "--dir", d],
+            &["--modes", "buffered, direct"],
+        ),
+    ];
+    for (args, says) in cases {
+        gpuio(args).refused().says(says);
+    }
+    assert!(!w.exists(), "a refused bench must not create its --file");
+}
+
 /// Runs `gpuio ARGS` with stdout a pipe whose reader has already gone: every write fails with
 /// EPIPE, as under `gpuio ARGS | head -1` once head has exited.
 fn into_a_closed_pipe(args: &[&str]) -> Run {

@@ -70,35 +70,10 @@ struct TaskStats {
 }
 
 pub async fn run(a: BenchArgs) -> CliResult {
+    a.check()?;
     let cuda = a.to.cuda()?;
-    if a.owned && (a.rw == Rw::Write || a.pattern == Pattern::Batch || cuda.is_some()) {
-        return Err("--owned reads into host memory (--rw read, --to host, seq or rand)".into());
-    }
-    if a.pattern == Pattern::Batch && (a.rw == Rw::Write || a.batch == 0) {
-        return Err("--pattern batch reads (--rw read) with --batch of at least 1".into());
-    }
-    if a.bs.iter().any(|b| b.0 == 0)
-        || a.qd.contains(&0)
-        || a.kvikio_threads.contains(&0)
-        || !a.seconds.is_finite()
-        || a.seconds <= 0.0
-    {
-        return Err("--bs, --qd, --seconds and --kvikio-threads must be positive".into());
-    }
-    if let Some(p) = &a.plot {
-        if p.extension().and_then(|e| e.to_str()) != Some("svg") {
-            return Err(format!(
-                "--plot {}: only SVG is written (name it *.svg)",
-                p.display()
-            )
-            .into());
-        }
-    }
     let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
     let spdk = a.backend.contains(&BenchBackend::Spdk);
-    if spdk != a.nvme.is_some() {
-        return Err("--backend spdk and --target TRID go together".into());
-    }
     let needs_file = a.backend.iter().any(|b| *b != BenchBackend::Spdk);
     // The namespace's span: its size, at most --size.
     let nvme_span = match &a.nvme {
@@ -271,7 +246,8 @@ async fn measure(
     let chunk = a
         .chunk
         .map(|c| c.0)
-        .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)));
+        // The engine's largest chunk is 1 GiB; larger blocks take several chunks.
+        .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)).min(1 << 30));
     let pieces_per_req = bs.div_ceil(chunk).max(1) as usize;
     // Blocks in flight: a batch counts as its blocks.
     let blocks = qd
@@ -280,9 +256,13 @@ async fn measure(
         } else {
             1
         };
-    let qd_engine = (blocks * pieces_per_req).clamp(1, 4096);
+    // Saturating: both are clamped below, and huge products (device buffers are not bounded
+    // by host memory) must not overflow on the way.
+    let qd_engine = blocks.saturating_mul(pieces_per_req).clamp(1, 4096);
     // Room for every request in flight plus as much again awaiting copy-out.
-    let pool = (2 * blocks as u64 * bs.max(4096)).max(128 << 20);
+    let pool = (2 * blocks as u64)
+        .saturating_mul(bs.max(4096))
+        .max(128 << 20);
     let slots = pool.div_ceil(chunk.next_power_of_two()).clamp(4, 65535) as usize;
     let engine = Engine::builder()
         .backend(match backend {
@@ -341,6 +321,7 @@ async fn measure(
         let (rw, pattern) = (a.rw, a.pattern);
         // Each task owns its buffer; on a GPU, its own stream too, so copies overlap.
         let buf_len = match pattern {
+            // `BenchArgs::check` made sure this fits in memory, hence in a usize.
             Pattern::Batch => bs as usize * a.batch,
             _ => bs as usize,
         };

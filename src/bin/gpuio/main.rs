@@ -7,6 +7,7 @@ mod plot;
 mod size;
 mod soak;
 mod stdout;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -36,6 +36,7 @@ use crate::stdout::outln;
 
 mod args;
 
+use args::Mode;
 pub use args::SoakArgs;
 
 /// Bytes a cancelled write writes: never 0xFF, which the source turns into after the cancel.
@@ -79,20 +80,7 @@ struct Counters {
 }
 
 pub async fn run(a: SoakArgs) -> CliResult {
-    let size = a.size.0 as usize;
-    if a.tasks == 0
-        || a.regions == 0
-        || a.max_len.0 == 0
-        || !a.minutes.is_finite()
-        || a.minutes <= 0.0
-    {
-        return Err("--tasks, --regions, --max-len and --minutes must be positive".into());
-    }
-    if a.drop_percent as u32 + a.leak_percent as u32 > 100 {
-        return Err("--drop-percent + --leak-percent must be at most 100".into());
-    }
-    let region_len = (size / a.regions).max(4096) / 4096 * 4096;
-    let max_len = (a.max_len.0 as usize).min(region_len);
+    let (region_len, max_len) = a.layout()?;
     let cuda = a.to.cuda()?;
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     let tmp = tempfile::Builder::new()
@@ -130,19 +118,18 @@ pub async fn run(a: SoakArgs) -> CliResult {
             }
         };
         let budget = leak_budget(&engine);
-        for mode in &a.modes {
-            let direct = match mode.as_str() {
-                "buffered" => false,
-                "direct" => true,
-                other => return Err(format!("--modes: {other:?} is not buffered or direct").into()),
-            };
+        for &mode in &a.modes {
+            let direct = mode == Mode::Direct;
             match rw_open(&engine, &path, direct) {
                 Ok(file) => handles.push(Handle {
                     name: format!("{backend} {}", if direct { "O_DIRECT" } else { "buffered" }),
                     file,
                     leak_budget: budget.clone(),
                 }),
-                Err(e) => outln!("skipping {backend} {mode}: {e}")?,
+                Err(e) => outln!(
+                    "skipping {backend} {}: {e}",
+                    if direct { "direct" } else { "buffered" }
+                )?,
             }
         }
         engines.push(engine);

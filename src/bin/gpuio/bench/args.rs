@@ -1,4 +1,4 @@
-//! `gpuio bench`'s arguments.
+//! `gpuio bench`'s arguments and the checks made on them before any work starts.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,6 +7,15 @@ use clap::{Args, ValueEnum};
 use gpuio::Backend;
 
 use crate::size::ByteSize;
+use crate::validate;
+
+/// Most requests in flight per point: the engine's own queue-depth limit. Deeper only adds
+/// tasks and buffers waiting for the same kernel queue.
+const MAX_QD: usize = 32768;
+/// Most blocks per batch (`--pattern batch`).
+const MAX_BATCH: usize = 65536;
+/// Most KvikIO threads tried under --compare.
+const MAX_KVIKIO_THREADS: usize = 4096;
 
 /// Where data goes: `host`, `gpu` (device 0) or `gpu:N`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +86,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub(crate) file: Option<PathBuf>,
     /// Bytes of the file to use.
-    #[arg(long, default_value = "1G")]
+    #[arg(long, default_value = "1G", value_parser = validate::positive_size)]
     pub(crate) size: ByteSize,
     /// Read or write.
     #[arg(long, value_enum, default_value = "read")]
@@ -87,13 +96,25 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value = "seq")]
     pub(crate) pattern: Pattern,
     /// Bytes per request; a comma-separated list sweeps them (`4K,64K,1M`).
-    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "1M")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "1M",
+        value_parser = validate::positive_size
+    )]
     pub(crate) bs: Vec<ByteSize>,
     /// Requests in flight (concurrent futures); a comma-separated list sweeps them.
-    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "32")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "32",
+        value_parser = validate::count(MAX_QD)
+    )]
     pub(crate) qd: Vec<usize>,
     /// Blocks per batch with --pattern batch.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = validate::count(MAX_BATCH))]
     pub(crate) batch: usize,
     /// O_DIRECT.
     #[arg(long)]
@@ -109,11 +130,12 @@ pub struct BenchArgs {
     /// (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:...`).
     #[arg(long = "target", value_name = "TRID")]
     pub(crate) nvme: Option<String>,
-    /// Engine chunk size (default: 4M, or --bs if larger).
-    #[arg(long)]
+    /// Engine chunk size, a multiple of 4K up to 1G (default: 4M, or --bs if larger, at most
+    /// 1G).
+    #[arg(long, value_parser = validate::chunk_size)]
     pub(crate) chunk: Option<ByteSize>,
-    /// Seconds to run each point.
-    #[arg(long, default_value_t = 5.0)]
+    /// Seconds to run each point (at most a year).
+    #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
     pub(crate) seconds: f64,
     /// Host reads through `File::read_owned` into an `AlignedBuf` per task (handed to the
     /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
@@ -140,7 +162,13 @@ pub struct BenchArgs {
     #[arg(long)]
     pub(crate) compare: bool,
     /// KvikIO thread-pool sizes to try under --compare; the best one stands for KvikIO.
-    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "8,16,32")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "8,16,32",
+        value_parser = validate::count(MAX_KVIKIO_THREADS)
+    )]
     pub(crate) kvikio_threads: Vec<usize>,
     /// Rounds per point (alternating with fio under --compare); medians are reported.
     #[arg(long, default_value_t = 1)]
@@ -178,6 +206,68 @@ impl std::fmt::Display for BenchBackend {
         match self {
             BenchBackend::Engine(b) => b.fmt(f),
             BenchBackend::Spdk => f.write_str("spdk"),
+        }
+    }
+}
+
+impl BenchArgs {
+    /// Everything about the arguments that can be known before any work starts (clap's
+    /// parsers already refused zero, negative and out-of-range values one by one): the
+    /// combinations, the host memory the sweep's buffers take, and the plot's format. Run
+    /// first, so that a mistake costs no temporary file and no sweep.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.owned && (self.rw == Rw::Write || self.pattern == Pattern::Batch) {
+            return Err(
+                "--owned reads into host memory (--rw read, --to host, seq or rand)".into(),
+            );
+        }
+        if self.owned && self.to != Target::Host {
+            return Err(format!(
+                "--owned reads into host memory, not --to {}",
+                self.to
+            ));
+        }
+        if self.pattern == Pattern::Batch && self.rw == Rw::Write {
+            return Err("--pattern batch reads (--rw read)".into());
+        }
+        if self.backend.contains(&BenchBackend::Spdk) != self.nvme.is_some() {
+            return Err("--backend spdk and --target TRID go together".into());
+        }
+        if let Some(p) = &self.plot {
+            if p.extension().and_then(|e| e.to_str()) != Some("svg") {
+                return Err(format!(
+                    "--plot {}: only SVG is written (name it *.svg)",
+                    p.display()
+                ));
+            }
+        }
+        // Each task of the deepest point holds a buffer of the largest block (a batch of
+        // them with --pattern batch), all at once. In device memory an allocation that does
+        // not fit fails cleanly; in host memory it aborts the process, hence the check.
+        let max_bs = self.bs.iter().map(|b| b.0).max().unwrap_or(0);
+        let max_qd = self.qd.iter().copied().max().unwrap_or(0) as u64;
+        let per_task = match self.pattern {
+            Pattern::Batch => max_bs.checked_mul(self.batch as u64),
+            _ => Some(max_bs),
+        };
+        let per_task = per_task.filter(|&b| usize::try_from(b).is_ok());
+        let what = format!(
+            "--qd {max_qd} x --bs {}{}",
+            crate::size::short_size(max_bs),
+            if self.pattern == Pattern::Batch {
+                format!(" x --batch {}", self.batch)
+            } else {
+                String::new()
+            }
+        );
+        match self.to {
+            Target::Host => validate::fits_in_memory(
+                per_task.and_then(|b| b.checked_mul(max_qd)),
+                &format!("{what} needs buffers"),
+            ),
+            Target::Gpu(_) => per_task
+                .map(drop)
+                .ok_or_else(|| format!("{what}: one task's buffer is too large")),
         }
     }
 }
