@@ -114,8 +114,37 @@ fn gpuio(args: &[&str]) -> Run {
     }
 }
 
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).expect("path without NUL");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
 fn s(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temporary path")
+}
+
+// Item 5: a FIFO is refused at once, not opened and waited on.
+
+#[test]
+fn bench_refuses_a_fifo_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    gpuio(&["bench", "--file", s(&fifo), "--seconds", "0.1"])
+        .refused()
+        .says(&[s(&fifo), "is a FIFO"]);
+}
+
+#[test]
+fn check_refuses_a_fifo_without_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo");
+    mkfifo(&fifo);
+    gpuio(&["check", s(&fifo)])
+        .refused()
+        .says(&[s(&fifo), "is a FIFO"]);
 }
 
 // Item 7: values that panicked or aborted are refused up front, naming the flag.
@@ -309,6 +338,108 @@ fn bench_into_a_closed_pipe_ends_quietly() {
     let r = into_a_closed_pipe(&["bench", "--size", "1M", "--bs", "4K", "--seconds", "0.1"]);
     r.succeeded();
     assert!(r.stderr.is_empty(), "{}: {}", r.what, r.stderr);
+}
+
+// Item 10: what is not a regular file or block device is named as what it is.
+
+#[test]
+fn bench_names_what_is_not_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    gpuio(&["bench", "--file", s(dir.path()), "--seconds", "0.1"])
+        .refused()
+        .says(&[
+            s(dir.path()),
+            "is a directory",
+            "regular files and block devices",
+        ]);
+    gpuio(&["bench", "--file", "/dev/zero", "--seconds", "0.1"])
+        .refused()
+        .says(&[
+            "/dev/zero is a character device",
+            "regular files and block devices",
+        ]);
+    gpuio(&["bench", "--file", "/proc/cpuinfo", "--seconds", "0.1"])
+        .refused()
+        .says(&["/proc/cpuinfo", "pseudo filesystem"]);
+}
+
+#[test]
+fn bench_checks_the_plot_path_before_the_sweep() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("missing").join("x.svg");
+    // A minute-long point: only a refusal before the sweep ends within the limit.
+    let args = [
+        "bench",
+        "--size",
+        "1M",
+        "--bs",
+        "4K",
+        "--seconds",
+        "60",
+        "--plot",
+        s(&plot),
+    ];
+    gpuio(&args).refused().says(&[s(&plot), "--plot"]);
+}
+
+#[test]
+fn check_reports_pseudo_filesystems_without_creating_files() {
+    for (path, fs) in [("/proc", "proc"), ("/sys", "sysfs")] {
+        let r = gpuio(&["check", path]);
+        r.succeeded();
+        assert!(
+            r.stdout.contains(&format!("path {path}: filesystem {fs}")),
+            "{}: {}",
+            r.what,
+            r.stdout
+        );
+        assert!(r.stdout.contains("not probed"), "{}: {}", r.what, r.stdout);
+    }
+}
+
+#[test]
+fn check_reads_a_read_only_directory_without_writing() {
+    // A read-only bind mount in a mount namespace of its own (root only; skipped elsewhere).
+    if !Command::new("unshare")
+        .args(["-m", "true"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        eprintln!("skipped: no mount namespace here (unshare -m needs root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("data"), [7u8; 4096]).unwrap();
+    let d = s(dir.path());
+    let script = format!(
+        "mount --bind '{d}' '{d}' && mount -o remount,bind,ro '{d}' && exec '{}' check '{d}'",
+        env!("CARGO_BIN_EXE_gpuio")
+    );
+    let what = format!("gpuio check {d} (read-only)");
+    let logs = tempfile::tempdir().unwrap();
+    let out = logs.path().join("stdout");
+    let child = Command::new("unshare")
+        .args(["-m", "sh", "-c", &script])
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn unshare");
+    let code = wait(child, &what);
+    let stdout = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(code, Some(0), "{what}:\n{stdout}");
+    assert!(
+        stdout.contains("(a read-only filesystem; it is only read)")
+            && stdout.contains("O_DIRECT open:"),
+        "{what}:\n{stdout}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left, ["data"], "{what}: files left");
 }
 
 // Item 11: the CLI builds SPDK engines with DMA memory; its errors give no library advice.

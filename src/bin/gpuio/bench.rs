@@ -11,6 +11,7 @@ use gpuio::{Backend, Engine, EngineBuilder, OpenOptions};
 use crate::CliResult;
 use crate::size::fmt_bytes;
 use crate::stdout::outln;
+use crate::validate;
 
 mod args;
 mod peers;
@@ -21,6 +22,9 @@ use peers::{
     PeerResult, fio, fio_available, kvikio_peer, kvikio_peer_binary, median_peer, spdk_perf,
     spdk_perf_binary,
 };
+
+/// How the refusals of a --file end.
+const BENCH_FILES: &str = "gpuio benchmarks regular files and block devices";
 
 /// A destination buffer in host or device memory.
 enum Buffer {
@@ -75,6 +79,25 @@ pub async fn run(a: BenchArgs) -> CliResult {
     let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
     let spdk = a.backend.contains(&BenchBackend::Spdk);
     let needs_file = a.backend.iter().any(|b| *b != BenchBackend::Spdk);
+    // A given file is looked at before any work: what it is (a FIFO would block a plain
+    // open, a directory or /dev/zero has nothing to measure) and, for reads, its length.
+    let given_len = match (&a.file, a.rw) {
+        (Some(p), Rw::Read) if needs_file => {
+            let f = validate::open_data_file(p, BENCH_FILES)?;
+            // A block device's metadata says 0 bytes; the library asks the device.
+            let len = gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&f))
+                .map_err(|e| format!("{}: {e}", p.display()))?;
+            Some(len)
+        }
+        (Some(p), Rw::Write) if needs_file => {
+            // Written files may not exist yet (they are created); existing ones must be data.
+            if let Ok(m) = std::fs::metadata(p) {
+                validate::refuse_unless_data(p, m.file_type(), BENCH_FILES)?;
+            }
+            None
+        }
+        _ => None,
+    };
     // The namespace's span: its size, at most --size.
     let nvme_span = match &a.nvme {
         Some(trid) => {
@@ -110,21 +133,28 @@ pub async fn run(a: BenchArgs) -> CliResult {
     };
     let span = match a.rw {
         _ if !needs_file => nvme_span,
-        Rw::Read => {
-            // A block device's metadata says 0 bytes; the library asks the device.
-            let len = std::fs::File::open(&path)
-                .and_then(|f| gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&f)))
-                .map_err(|e| format!("{}: {e}", path.display()))?;
-            if a.file.is_some() {
-                len.min(a.size.0)
-            } else {
-                len
-            }
-        }
+        Rw::Read => match given_len {
+            Some(len) => len.min(a.size.0),
+            None => gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(
+                &std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?,
+            ))
+            .map_err(|e| format!("{}: {e}", path.display()))?,
+        },
         Rw::Write => a.size.0,
     };
-    if span < max_bs {
-        return Err(format!("file span {span} is smaller than --bs {max_bs}").into());
+    if needs_file && span < max_bs {
+        return Err(format!(
+            "{}: {} to read{} is less than --bs {}",
+            path.display(),
+            fmt_bytes(span),
+            if a.file.is_some() {
+                " (at most --size)"
+            } else {
+                ""
+            },
+            fmt_bytes(max_bs)
+        )
+        .into());
     }
 
     let rounds = a.rounds.max(1);
@@ -223,7 +253,8 @@ pub async fn run(a: BenchArgs) -> CliResult {
             a.to,
             fmt_bytes(span),
         );
-        crate::plot::write_svg(p, &title, &results)?;
+        crate::plot::write_svg(p, &title, &results)
+            .map_err(|e| format!("--plot {}: {e}", p.display()))?;
         outln!("plot written to {}", p.display())?;
     }
     Ok(())

@@ -1,12 +1,14 @@
 //! `gpuio check`: what this machine offers, and why.
 
-use std::os::fd::AsFd;
-use std::path::PathBuf;
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 
 use gpuio::{Engine, OpenOptions};
 
 use crate::CliResult;
 use crate::stdout::outln;
+use crate::validate;
 
 fn memlock() -> String {
     let mut r = libc::rlimit {
@@ -25,6 +27,21 @@ fn memlock() -> String {
 }
 
 pub fn run(path: Option<PathBuf>) -> CliResult {
+    let path = path.unwrap_or_else(|| PathBuf::from("."));
+    // `stat` opens nothing, so a FIFO cannot block here; what is not a file, a block device
+    // or a directory is refused before anything opens it (opening some character devices
+    // has effects of their own).
+    let meta = std::fs::metadata(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let ft = meta.file_type();
+    if !(ft.is_dir() || ft.is_file() || ft.is_block_device()) {
+        return Err(format!(
+            "{} is {}: gpuio check examines regular files, block devices and directories \
+             (and the filesystems they are on)",
+            path.display(),
+            validate::kind_name(ft)
+        )
+        .into());
+    }
     outln!("gpuio {}", env!("CARGO_PKG_VERSION"))?;
 
     let u = gpuio::uring::probe();
@@ -48,8 +65,8 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
         Err(e) => outln!("engine with default backend: FAILED: {e}")?,
     }
 
-    let path = path.unwrap_or_else(|| PathBuf::from("."));
-    report_path(&path)?;
+    let probe = Probe::new(&path, &meta);
+    report_path(&path, &probe)?;
 
     let c = gpuio::cuda::probe();
     match (&c.error, c.devices.is_empty()) {
@@ -74,7 +91,7 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
             err.as_deref().unwrap_or("no devices")
         )?,
     }
-    report_gds(&path)?;
+    report_gds(&path, &meta, &probe)?;
     report_spdk()?;
     Ok(())
 }
@@ -103,8 +120,7 @@ fn report_spdk() -> CliResult {
 
 /// The GPUDirect Storage verdict for `path`, in the spirit of NVIDIA's gdscheck: each piece
 /// cuFile needs, whether it is there, and what to do about it.
-fn report_gds(path: &std::path::Path) -> CliResult {
-    use std::os::unix::fs::MetadataExt;
+fn report_gds(path: &Path, meta: &std::fs::Metadata, probe: &Probe) -> CliResult {
     let p = gpuio::gds::probe();
     outln!("GPUDirect Storage (cuFile):")?;
     match &p.library {
@@ -129,7 +145,6 @@ fn report_gds(path: &std::path::Path) -> CliResult {
         )?;
         outln!("    nvidia-gds package) on a supported NVMe/RDMA setup for true GDS.")?;
     }
-    let meta = std::fs::metadata(path)?;
     let (maj, min) = (libc::major(meta.dev()), libc::minor(meta.dev()));
     let udev = format!("/run/udev/data/b{maj}:{min}");
     if !p.udev_data {
@@ -151,20 +166,15 @@ fn report_gds(path: &std::path::Path) -> CliResult {
             )?;
         }
     }
-    // Probe a regular file: the path itself, or a scratch file in the directory.
-    let (probe_path, _scratch) = if meta.is_dir() {
-        let mut t = tempfile::Builder::new()
-            .prefix(".gpuio-gds")
-            .tempfile_in(path)?;
-        std::io::Write::write_all(&mut t, &[0u8; 4096])?;
-        (t.path().to_path_buf(), Some(t))
-    } else {
-        (path.to_path_buf(), None)
-    };
-    let verdict = if p.driver.is_ok() {
-        gpuio::gds::check_file(&probe_path)
-    } else {
-        gpuio::gds::GdsStatus::Bounce("cuFile is not usable on this machine".into())
+    let verdict = match (probe.file(), &p.driver) {
+        (Err(why), _) => {
+            outln!("  verdict for {}: not probed ({why})", path.display())?;
+            return Ok(());
+        }
+        (Ok(f), Ok(())) => gpuio::gds::check_file(f),
+        (Ok(_), Err(_)) => {
+            gpuio::gds::GdsStatus::Bounce("cuFile is not usable on this machine".into())
+        }
     };
     outln!("  verdict for {}: {verdict}", path.display())?;
     match verdict {
@@ -181,21 +191,124 @@ fn report_gds(path: &std::path::Path) -> CliResult {
     Ok(())
 }
 
-fn report_path(path: &std::path::Path) -> CliResult {
-    let meta = std::fs::metadata(path)?;
-    // Direct-I/O alignment is reported for regular files: probe a scratch file in a directory.
-    let (probe_path, _scratch) = if meta.is_dir() {
-        let t = tempfile::Builder::new()
+/// The regular file the O_DIRECT and cuFile probes look at: the path itself, or for a
+/// directory a scratch file made there (removed when the check ends) or, where none can be
+/// made, a file already there (only read); or why there is none.
+enum Probe {
+    Path(PathBuf),
+    Scratch(tempfile::NamedTempFile),
+    Existing(PathBuf, String),
+    None(String),
+}
+
+impl Probe {
+    fn new(path: &Path, meta: &std::fs::Metadata) -> Probe {
+        if !meta.is_dir() {
+            return Probe::Path(path.to_path_buf());
+        }
+        // Files are not created where they cannot be (a read-only mount) or mean nothing (a
+        // pseudo filesystem such as /proc or /sys, where gpuio reads no files anyway).
+        match fs_of_dir(path) {
+            Ok((fs, _)) if validate::is_pseudo_filesystem(&fs) => {
+                return Probe::None(format!(
+                    "{fs} is a pseudo filesystem: its files are generated when read, and gpuio \
+                     does not read them"
+                ));
+            }
+            Ok((_, true)) => return Probe::existing(path, "a read-only filesystem".into()),
+            _ => {}
+        }
+        let made = tempfile::Builder::new()
             .prefix(".gpuio-check")
-            .tempfile_in(path)?;
-        (t.path().to_path_buf(), Some(t))
-    } else {
-        (path.to_path_buf(), None)
+            .tempfile_in(path)
+            .and_then(|mut t| {
+                // A block of data, so that cuFile has something to register and read.
+                std::io::Write::write_all(&mut t, &[0u8; 4096])?;
+                Ok(t)
+            });
+        match made {
+            Ok(t) => Probe::Scratch(t),
+            Err(e) => Probe::existing(
+                path,
+                format!(
+                    "a probe file could not be created in {}: {}",
+                    path.display(),
+                    validate::scratch_error(&e)
+                ),
+            ),
+        }
+    }
+
+    /// A regular file already in `dir` to probe instead of a scratch file (`why` says why
+    /// there is none), or `why` alone.
+    fn existing(dir: &Path, why: String) -> Probe {
+        // DirEntry::metadata does not follow links: only plain files of this directory, and
+        // a bounded look (a huge directory is not worth listing for this).
+        let found = std::fs::read_dir(dir).ok().and_then(|entries| {
+            entries
+                .take(256)
+                .filter_map(Result::ok)
+                .find(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
+                .map(|e| e.path())
+        });
+        match found {
+            Some(f) => Probe::Existing(f, why),
+            None => Probe::None(format!("{why}, and no file in it to read")),
+        }
+    }
+
+    /// The file to probe, or why there is none.
+    fn file(&self) -> Result<&Path, &str> {
+        match self {
+            Probe::Path(p) => Ok(p),
+            Probe::Scratch(t) => Ok(t.path()),
+            Probe::Existing(p, _) => Ok(p),
+            Probe::None(why) => Err(why),
+        }
+    }
+}
+
+/// The filesystem a directory is on, by name, and whether it is mounted read-only.
+fn fs_of_dir(dir: &Path) -> std::io::Result<(String, bool)> {
+    let d = std::fs::File::open(dir)?;
+    let fs = gpuio::uring::align::filesystem_name(d.as_fd())?;
+    // SAFETY: plain output struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: the descriptor is live and `st` is valid for writes.
+    let ro =
+        unsafe { libc::fstatvfs(d.as_raw_fd(), &mut st) } == 0 && st.f_flag & libc::ST_RDONLY != 0;
+    Ok((fs, ro))
+}
+
+fn report_path(path: &Path, probe: &Probe) -> CliResult {
+    let name = path.display();
+    // The path's own filesystem, from a descriptor opened without blocking (the path was
+    // checked to be a file, block device or directory; O_NONBLOCK covers a swap since).
+    let own = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let fs =
+        gpuio::uring::align::filesystem_name(own.as_fd()).map_err(|e| format!("{name}: {e}"))?;
+    outln!("path {name}: filesystem {fs}")?;
+    let probe_path = match probe.file() {
+        Ok(p) => p,
+        Err(why) => {
+            outln!("  O_DIRECT: not probed ({why})")?;
+            return Ok(());
+        }
     };
-    let f = std::fs::File::open(&probe_path)?;
-    let fs = gpuio::uring::align::filesystem_name(f.as_fd())?;
-    outln!("path {}: filesystem {fs}", path.display())?;
-    match gpuio::uring::align::query(f.as_fd())? {
+    if let Probe::Existing(p, why) = probe {
+        outln!("  probing {} ({why}; it is only read)", p.display())?;
+    }
+    // Direct-I/O alignment is a property of regular files (and block devices).
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(probe_path)
+        .map_err(|e| format!("{}: {e}", probe_path.display()))?;
+    match gpuio::uring::align::query(f.as_fd()).map_err(|e| format!("{name}: {e}"))? {
         Some(a) => outln!(
             "  O_DIRECT alignment: memory {} B, offset {} B ({})",
             a.memory,
@@ -208,7 +321,7 @@ fn report_path(path: &std::path::Path) -> CliResult {
     match OpenOptions::new()
         .read(true)
         .direct(true)
-        .open(&engine, &probe_path)
+        .open(&engine, probe_path)
     {
         Ok(_) => outln!("  O_DIRECT open: ok (gpuio aligns any offset and length for you)")?,
         Err(e) => outln!("  O_DIRECT open: refused: {e}")?,

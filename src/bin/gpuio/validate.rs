@@ -1,6 +1,11 @@
-//! Checks the CLI makes on argument values before it starts work: clap value parsers, so a
-//! bad value is refused with its flag before anything runs, and whether buffers fit in memory.
+//! Checks the CLI makes before it starts work: argument values (as clap value parsers, so a
+//! bad value is refused with its flag before anything runs), what kind of file a path is
+//! (without opening it, so a FIFO cannot block the command), whether buffers fit in memory,
+//! and whether a plot can be written where it is asked for.
 
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::Path;
 use std::time::Duration;
 
 use crate::size::{ByteSize, fmt_bytes};
@@ -114,6 +119,154 @@ pub fn fits_in_memory(bytes: Option<u64>, what: &str) -> Result<(), String> {
             fmt_bytes(b)
         )),
         Some(_) => Ok(()),
+    }
+}
+
+/// What a file's type is called in messages: `a FIFO`, `a character device`, ...
+pub fn kind_name(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a regular file"
+    }
+}
+
+/// Filesystems whose files are generated when read (`/proc/cpuinfo` says 0 bytes): nothing to
+/// benchmark or probe. Names as `gpuio::uring::align::filesystem_name` gives them.
+const PSEUDO_FILESYSTEMS: &[&str] = &[
+    "proc",
+    "sysfs",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "cgroup",
+    "cgroup2",
+    "configfs",
+    "bpf",
+    "efivarfs",
+];
+
+/// Whether `fs` (a name from `filesystem_name`) is a pseudo filesystem.
+pub fn is_pseudo_filesystem(fs: &str) -> bool {
+    PSEUDO_FILESYSTEMS.contains(&fs)
+}
+
+/// Opens `path` read-only without blocking: O_NONBLOCK makes opening a FIFO return at once
+/// (it would otherwise wait for a writer), and the file's type is checked on the descriptor,
+/// so a path swapped after an earlier `stat` is still caught. Only regular files and block
+/// devices come back; `purpose` ends the refusal ("gpuio benchmarks regular files and block
+/// devices").
+pub fn open_data_file(path: &Path, purpose: &str) -> Result<std::fs::File, String> {
+    let name = path.display();
+    // `stat` first: opening some character devices has effects of its own (a watchdog arms
+    // itself), so they are refused without being opened.
+    let meta = std::fs::metadata(path).map_err(|e| format!("{name}: {e}"))?;
+    refuse_unless_data(path, meta.file_type(), purpose)?;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| format!("{name}: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("{name}: {e}"))?;
+    refuse_unless_data(path, meta.file_type(), purpose)?;
+    if meta.is_file() {
+        let fs =
+            gpuio::uring::align::filesystem_name(f.as_fd()).map_err(|e| format!("{name}: {e}"))?;
+        if is_pseudo_filesystem(&fs) {
+            return Err(format!(
+                "{name} is a file of {fs}, a pseudo filesystem (generated when read, no size \
+                 to speak of): {purpose}"
+            ));
+        }
+    }
+    Ok(f)
+}
+
+/// Refuses every type but regular files and block devices, naming the path and its type.
+pub fn refuse_unless_data(path: &Path, ft: std::fs::FileType, purpose: &str) -> Result<(), String> {
+    if ft.is_file() || ft.is_block_device() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} is {}: {purpose}",
+            path.display(),
+            kind_name(ft)
+        ))
+    }
+}
+
+/// A scratch file's creation error without the scratch file's random name (tempfile appends
+/// ` at path "..."`): the directory is what the user named, and what the message names.
+pub fn scratch_error(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.split_once(" at path ") {
+        Some((head, _)) => head.to_string(),
+        None => s,
+    }
+}
+
+/// Checks, before a sweep that may take long, that an SVG can be written at `path`: an
+/// existing regular file must open for writing (not truncated here), and a new one must be
+/// creatable in its directory (tried with a scratch file, removed at once).
+pub fn plot_target(path: &Path) -> Result<(), String> {
+    let name = path.display();
+    if path.extension().and_then(|e| e.to_str()) != Some("svg") {
+        return Err(format!(
+            "--plot {name}: only SVG is written (name it *.svg)"
+        ));
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(format!(
+            "--plot {name}: it is {}, not a file the plot can replace",
+            kind_name(m.file_type())
+        )),
+        Ok(_) => std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map(drop)
+            .map_err(|e| format!("--plot {name}: cannot write it: {e}")),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => Path::new("."),
+            };
+            match std::fs::metadata(dir) {
+                Err(e) => {
+                    return Err(format!("--plot {name}: directory {}: {e}", dir.display()));
+                }
+                Ok(m) if !m.is_dir() => {
+                    return Err(format!(
+                        "--plot {name}: {} is {}, not a directory",
+                        dir.display(),
+                        kind_name(m.file_type())
+                    ));
+                }
+                Ok(_) => {}
+            }
+            tempfile::Builder::new()
+                .prefix(".gpuio-plot")
+                .tempfile_in(dir)
+                .map(drop)
+                .map_err(|e| {
+                    format!(
+                        "--plot {name}: cannot create a file in {}: {}",
+                        dir.display(),
+                        scratch_error(&e)
+                    )
+                })
+        }
+        Err(e) => Err(format!("--plot {name}: {e}")),
     }
 }
 

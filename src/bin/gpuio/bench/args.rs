@@ -213,7 +213,7 @@ impl std::fmt::Display for BenchBackend {
 impl BenchArgs {
     /// Everything about the arguments that can be known before any work starts (clap's
     /// parsers already refused zero, negative and out-of-range values one by one): the
-    /// combinations, the host memory the sweep's buffers take, and the plot's format. Run
+    /// combinations, the host memory the sweep's buffers take, and where the plot goes. Run
     /// first, so that a mistake costs no temporary file and no sweep.
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.owned && (self.rw == Rw::Write || self.pattern == Pattern::Batch) {
@@ -234,12 +234,7 @@ impl BenchArgs {
             return Err("--backend spdk and --target TRID go together".into());
         }
         if let Some(p) = &self.plot {
-            if p.extension().and_then(|e| e.to_str()) != Some("svg") {
-                return Err(format!(
-                    "--plot {}: only SVG is written (name it *.svg)",
-                    p.display()
-                ));
-            }
+            validate::plot_target(p)?;
         }
         // Each task of the deepest point holds a buffer of the largest block (a batch of
         // them with --pattern batch), all at once. In device memory an allocation that does
