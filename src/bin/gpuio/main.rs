@@ -9,6 +9,8 @@ mod plot;
 mod read;
 mod size;
 mod soak;
+mod stdout;
+mod validate;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -66,6 +68,8 @@ fn main() -> ExitCode {
     });
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of stdout has gone (`gpuio check | head -4`): nothing left to say.
+        Err(e) if stdout::is_closed(&*e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("gpuio: {e}");
             ExitCode::FAILURE

@@ -22,63 +22,22 @@
 //! Leaked operations keep their bounce slots by contract, so leaks stop at a budget of an
 //! eighth of each engine's pool (later would-be leaks are drops) and the engines keep serving.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Args;
 use gpuio::cuda::cudarc::driver::CudaStream;
 use gpuio::{Backend, Engine, File, OpenOptions};
 use tokio::sync::RwLock;
 
 use crate::CliResult;
-use crate::bench::Target;
-use crate::size::{ByteSize, fmt_bytes};
+use crate::size::fmt_bytes;
+use crate::stdout::outln;
 
-#[derive(Args, Debug)]
-pub struct SoakArgs {
-    /// Minutes to run.
-    #[arg(long, default_value_t = 1.0)]
-    minutes: f64,
-    /// Directory for the soak file (default: the system temp dir).
-    #[arg(long)]
-    dir: Option<PathBuf>,
-    /// Size of the soak file (and of the part of an NVMe namespace used).
-    #[arg(long, default_value = "256M")]
-    size: ByteSize,
-    /// Concurrent tasks (thousands make a cancellation storm).
-    #[arg(long, default_value_t = 32)]
-    tasks: usize,
-    /// Regions the file is cut into; a write holds its region alone, reads share it.
-    #[arg(long, default_value_t = 64)]
-    regions: usize,
-    /// Largest request.
-    #[arg(long, default_value = "2M")]
-    max_len: ByteSize,
-    /// Where reads land: host, gpu, gpu:N (writes come from host memory).
-    #[arg(long, default_value = "host")]
-    to: Target,
-    /// Backends to use (default: uring and pread; with a GPU, auto too).
-    #[arg(long, value_delimiter = ',')]
-    backend: Vec<Backend>,
-    /// Percent of operations dropped mid-flight.
-    #[arg(long, default_value_t = 10)]
-    drop_percent: u8,
-    /// Percent of operations leaked (`mem::forget`) mid-flight, within each engine's budget.
-    #[arg(long, default_value_t = 1)]
-    leak_percent: u8,
-    /// Open modes: buffered, direct, or both.
-    #[arg(long, value_delimiter = ',', default_value = "buffered,direct")]
-    modes: Vec<String>,
-    /// Also soak this NVMe namespace through SPDK (a transport ID; its first --size bytes are
-    /// overwritten).
-    #[arg(long)]
-    nvme: Option<String>,
-    /// Seed of the random choices.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-}
+mod args;
+
+use args::Mode;
+pub use args::SoakArgs;
 
 /// Bytes a cancelled write writes: never 0xFF, which the source turns into after the cancel.
 const SCRATCH_MAX: u8 = 0x7F;
@@ -121,20 +80,7 @@ struct Counters {
 }
 
 pub async fn run(a: SoakArgs) -> CliResult {
-    let size = a.size.0 as usize;
-    if a.tasks == 0
-        || a.regions == 0
-        || a.max_len.0 == 0
-        || !a.minutes.is_finite()
-        || a.minutes <= 0.0
-    {
-        return Err("--tasks, --regions, --max-len and --minutes must be positive".into());
-    }
-    if a.drop_percent as u32 + a.leak_percent as u32 > 100 {
-        return Err("--drop-percent + --leak-percent must be at most 100".into());
-    }
-    let region_len = (size / a.regions).max(4096) / 4096 * 4096;
-    let max_len = (a.max_len.0 as usize).min(region_len);
+    let (region_len, max_len) = a.layout()?;
     let cuda = a.to.cuda()?;
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     // Refuse a file the filesystem cannot hold before writing any of it; register it so that
@@ -172,24 +118,23 @@ pub async fn run(a: SoakArgs) -> CliResult {
         {
             Ok(e) => e,
             Err(e) => {
-                println!("skipping backend {backend}: {e}");
+                outln!("skipping backend {backend}: {e}")?;
                 continue;
             }
         };
         let budget = leak_budget(&engine);
-        for mode in &a.modes {
-            let direct = match mode.as_str() {
-                "buffered" => false,
-                "direct" => true,
-                other => return Err(format!("--modes: {other:?} is not buffered or direct").into()),
-            };
+        for &mode in &a.modes {
+            let direct = mode == Mode::Direct;
             match rw_open(&engine, &path, direct) {
                 Ok(file) => handles.push(Handle {
                     name: format!("{backend} {}", if direct { "O_DIRECT" } else { "buffered" }),
                     file,
                     leak_budget: budget.clone(),
                 }),
-                Err(e) => println!("skipping {backend} {mode}: {e}"),
+                Err(e) => outln!(
+                    "skipping {backend} {}: {e}",
+                    if direct { "direct" } else { "buffered" }
+                )?,
             }
         }
         engines.push(engine);
@@ -206,7 +151,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
     if targets.is_empty() {
         return Err("no backend and open mode to soak".into());
     }
-    println!(
+    outln!(
         "soak: {} regions of {} for {:.1} min, {} tasks, requests up to {}, reads into {}, \
          {}% dropped, {}% leaked, over: {}",
         a.regions,
@@ -222,7 +167,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
             .flat_map(|t| t.handles.iter().map(|h| h.name.as_str()))
             .collect::<Vec<_>>()
             .join(", ")
-    );
+    )?;
     let targets = Arc::new(targets);
     // A few CUDA streams shared by all tasks (thousands of streams would cost more than the
     // I/O they carry).
@@ -266,7 +211,10 @@ pub async fn run(a: SoakArgs) -> CliResult {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                println!("{}", report(&counters, start.elapsed()));
+                // A closed stdout ends the reports, not the soak: its verdict is the exit status.
+                if outln!("{}", report(&counters, start.elapsed())).is_err() {
+                    return;
+                }
                 let stuck: Vec<String> = doing
                     .iter()
                     .enumerate()
@@ -284,10 +232,10 @@ pub async fn run(a: SoakArgs) -> CliResult {
                     })
                     .collect();
                 for s in stuck.iter().take(10) {
-                    println!("  {s}");
+                    let _ = outln!("  {s}");
                 }
                 if stuck.len() > 10 {
-                    println!("  ... and {} more", stuck.len() - 10);
+                    let _ = outln!("  ... and {} more", stuck.len() - 10);
                 }
             }
         })
@@ -303,8 +251,9 @@ pub async fn run(a: SoakArgs) -> CliResult {
     // Last word: the file read with std, the namespace read by a fresh engine.
     for t in targets.iter() {
         let on_disk = if t.handles[0].file.is_nvme() {
-            let fresh = Engine::new()?;
-            let f = fresh.open_nvme(a.nvme.as_deref().unwrap_or_default())?;
+            let trid = a.nvme.as_deref().unwrap_or_default();
+            let fresh = crate::bench::nvme_engine(Engine::builder(), "--nvme", trid)?;
+            let f = fresh.open_nvme(trid)?;
             let mut b = vec![0u8; t.model.regions.len() * region_len];
             let n = f.read_into(&mut b, 0).await?;
             if n != b.len() {
@@ -332,12 +281,14 @@ pub async fn run(a: SoakArgs) -> CliResult {
             }
         }
     }
-    println!("{}", report(&counters, start.elapsed()));
+    // The verdict does not depend on stdout: a failed soak fails even if nobody reads.
+    let shown = outln!("{}", report(&counters, start.elapsed()));
     let bad = counters.errors.load(Ordering::Relaxed) + counters.mismatches.load(Ordering::Relaxed);
     if bad > 0 {
         return Err(format!("soak failed: {bad} errors or mismatches").into());
     }
-    println!("soak passed: every read and the final contents matched the model");
+    shown?;
+    outln!("soak passed: every read and the final contents matched the model")?;
     Ok(())
 }
 
@@ -511,7 +462,7 @@ async fn nvme_target(
     region_len: usize,
     engines: &mut Vec<Engine>,
 ) -> Result<SoakTarget, Box<dyn std::error::Error + Send + Sync>> {
-    let engine = Engine::new()?;
+    let engine = crate::bench::nvme_engine(Engine::builder(), "--nvme", trid)?;
     let file = engine.open_nvme(trid)?;
     let ns_len = file.len()?;
     let regions = regions.min((ns_len / region_len as u64) as usize);

@@ -1,0 +1,268 @@
+//! `gpuio bench`'s arguments and the checks made on them before any work starts.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Args, ValueEnum};
+use gpuio::Backend;
+
+use crate::size::ByteSize;
+use crate::validate;
+
+/// Most requests in flight per point: the engine's own queue-depth limit. Deeper only adds
+/// tasks and buffers waiting for the same kernel queue.
+const MAX_QD: usize = 32768;
+/// Most blocks per batch (`--pattern batch`).
+const MAX_BATCH: usize = 65536;
+/// Most KvikIO threads tried under --compare.
+const MAX_KVIKIO_THREADS: usize = 4096;
+
+/// Where data goes: `host`, `gpu` (device 0) or `gpu:N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// Host memory.
+    Host,
+    /// Memory of GPU N.
+    Gpu(usize),
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "host" => Ok(Target::Host),
+            "gpu" => Ok(Target::Gpu(0)),
+            _ => s
+                .strip_prefix("gpu:")
+                .and_then(|n| n.parse().ok())
+                .map(Target::Gpu)
+                .ok_or_else(|| format!("{s:?}: expected host, gpu or gpu:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Host => f.write_str("host"),
+            Target::Gpu(n) => write!(f, "gpu:{n}"),
+        }
+    }
+}
+
+impl Target {
+    /// The CUDA context for a GPU target (errors clearly where there is none).
+    pub fn cuda(
+        self,
+    ) -> Result<Option<Arc<gpuio::cuda::cudarc::driver::CudaContext>>, gpuio::Error> {
+        match self {
+            Target::Host => Ok(None),
+            Target::Gpu(n) => gpuio::cuda::context(n).map(Some),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Rw {
+    Read,
+    Write,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Pattern {
+    /// Sequential blocks.
+    Seq,
+    /// Random blocks.
+    Rand,
+    /// Batches of --batch random blocks each, packed into one buffer (`gpuio::batch`); IOPS
+    /// count blocks, latency is per batch.
+    Batch,
+}
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    /// File to use. Without it, a temporary file of --size is made (and removed). An existing
+    /// file is only ever read, unless --rw write is given.
+    #[arg(long)]
+    pub(crate) file: Option<PathBuf>,
+    /// Bytes of the file to use.
+    #[arg(long, default_value = "1G", value_parser = validate::positive_size)]
+    pub(crate) size: ByteSize,
+    /// Read or write.
+    #[arg(long, value_enum, default_value = "read")]
+    pub(crate) rw: Rw,
+    /// Sequential or random offsets (random ones are multiples of --bs), or batches of random
+    /// blocks read as one operation.
+    #[arg(long, value_enum, default_value = "seq")]
+    pub(crate) pattern: Pattern,
+    /// Bytes per request; a comma-separated list sweeps them (`4K,64K,1M`).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "1M",
+        value_parser = validate::positive_size
+    )]
+    pub(crate) bs: Vec<ByteSize>,
+    /// Requests in flight (concurrent futures); a comma-separated list sweeps them.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "32",
+        value_parser = validate::count(MAX_QD)
+    )]
+    pub(crate) qd: Vec<usize>,
+    /// Blocks per batch with --pattern batch.
+    #[arg(long, default_value_t = 64, value_parser = validate::count(MAX_BATCH))]
+    pub(crate) batch: usize,
+    /// O_DIRECT.
+    #[arg(long)]
+    pub(crate) direct: bool,
+    /// Destination (or source) memory: host, gpu, gpu:N.
+    #[arg(long, default_value = "host")]
+    pub(crate) to: Target,
+    /// Backend; a comma-separated list compares them (`uring,pread`). `spdk` reads the NVMe
+    /// namespace given with --target instead of a file.
+    #[arg(long, value_delimiter = ',', num_args = 1.., default_value = "auto")]
+    pub(crate) backend: Vec<BenchBackend>,
+    /// SPDK transport ID of the namespace `--backend spdk` uses
+    /// (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:...`).
+    #[arg(long = "target", value_name = "TRID")]
+    pub(crate) nvme: Option<String>,
+    /// Engine chunk size, a multiple of 4K up to 1G (default: 4M, or --bs if larger, at most
+    /// 1G).
+    #[arg(long, value_parser = validate::chunk_size)]
+    pub(crate) chunk: Option<ByteSize>,
+    /// Seconds to run each point (at most a year).
+    #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
+    pub(crate) seconds: f64,
+    /// Host reads through `File::read_owned` into an `AlignedBuf` per task (handed to the
+    /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
+    #[arg(long)]
+    pub(crate) owned: bool,
+    /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
+    #[arg(long)]
+    pub(crate) inline_copies: bool,
+    /// How long the reactor polls, without sleeping, after its last work (microseconds;
+    /// default 0: the engine's default, no spin).
+    #[arg(long, value_name = "US")]
+    pub(crate) reactor_spin_us: Option<u64>,
+    /// Longest the reactor sleeps while I/O is in the kernel (microseconds; 0: until woken;
+    /// default: the engine's, 100).
+    #[arg(long, value_name = "US")]
+    pub(crate) reactor_tick_us: Option<u64>,
+    /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Run the peers on the same target with the same settings, alternating with gpuio, and
+    /// print the ratios: fio (io_uring engine) on files, SPDK's perf on NVMe namespaces, and
+    /// KvikIO on files where its peer program is found (`kvikio-peer` on PATH or named by
+    /// GPUIO_KVIKIO_PEER; `scripts/kvikio-peer.sh` builds it).
+    #[arg(long)]
+    pub(crate) compare: bool,
+    /// KvikIO thread-pool sizes to try under --compare; the best one stands for KvikIO.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 1..,
+        default_value = "8,16,32",
+        value_parser = validate::count(MAX_KVIKIO_THREADS)
+    )]
+    pub(crate) kvikio_threads: Vec<usize>,
+    /// Rounds per point (alternating with fio under --compare); medians are reported.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) rounds: usize,
+    /// Write an SVG plot of throughput against block size and queue depth, one panel per
+    /// backend.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+}
+
+/// What `--backend` names: an engine backend over a file, or SPDK over an NVMe namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchBackend {
+    /// A file through the engine's kernel interface (and cuFile where it serves).
+    Engine(Backend),
+    /// The namespace given with --target, through SPDK.
+    Spdk,
+}
+
+impl std::str::FromStr for BenchBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "spdk" => Ok(BenchBackend::Spdk),
+            other => other
+                .parse()
+                .map(BenchBackend::Engine)
+                .map_err(|e| format!("{e}, or spdk")),
+        }
+    }
+}
+
+impl std::fmt::Display for BenchBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchBackend::Engine(b) => b.fmt(f),
+            BenchBackend::Spdk => f.write_str("spdk"),
+        }
+    }
+}
+
+impl BenchArgs {
+    /// Everything about the arguments that can be known before any work starts (clap's
+    /// parsers already refused zero, negative and out-of-range values one by one): the
+    /// combinations, the host memory the sweep's buffers take, and where the plot goes. Run
+    /// first, so that a mistake costs no temporary file and no sweep.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.owned && (self.rw == Rw::Write || self.pattern == Pattern::Batch) {
+            return Err(
+                "--owned reads into host memory (--rw read, --to host, seq or rand)".into(),
+            );
+        }
+        if self.owned && self.to != Target::Host {
+            return Err(format!(
+                "--owned reads into host memory, not --to {}",
+                self.to
+            ));
+        }
+        if self.pattern == Pattern::Batch && self.rw == Rw::Write {
+            return Err("--pattern batch reads (--rw read)".into());
+        }
+        if self.backend.contains(&BenchBackend::Spdk) != self.nvme.is_some() {
+            return Err("--backend spdk and --target TRID go together".into());
+        }
+        if let Some(p) = &self.plot {
+            validate::plot_target(p)?;
+        }
+        // Each task of the deepest point holds a buffer of the largest block (a batch of
+        // them with --pattern batch), all at once. In device memory an allocation that does
+        // not fit fails cleanly; in host memory it aborts the process, hence the check.
+        let max_bs = self.bs.iter().map(|b| b.0).max().unwrap_or(0);
+        let max_qd = self.qd.iter().copied().max().unwrap_or(0) as u64;
+        let per_task = match self.pattern {
+            Pattern::Batch => max_bs.checked_mul(self.batch as u64),
+            _ => Some(max_bs),
+        };
+        let per_task = per_task.filter(|&b| usize::try_from(b).is_ok());
+        let what = format!(
+            "--qd {max_qd} x --bs {}{}",
+            crate::size::short_size(max_bs),
+            if self.pattern == Pattern::Batch {
+                format!(" x --batch {}", self.batch)
+            } else {
+                String::new()
+            }
+        );
+        match self.to {
+            Target::Host => validate::fits_in_memory(
+                per_task.and_then(|b| b.checked_mul(max_qd)),
+                &format!("{what} needs buffers"),
+            ),
+            Target::Gpu(_) => per_task
+                .map(drop)
+                .ok_or_else(|| format!("{what}: one task's buffer is too large")),
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! The peers `gpuio bench --compare` runs on the same target with the same settings: fio on
+//! files, SPDK's perf on NVMe namespaces, KvikIO where its peer program is found.
+
+use std::path::PathBuf;
+
+use super::{BenchArgs, Pattern, Point, Rw, Target};
+
+/// A peer's throughput at one point.
+#[derive(Debug, Clone)]
+pub struct PeerResult {
+    /// `fio`, `spdk-perf` or `kvikio`.
+    pub name: &'static str,
+    /// Bytes per second / 1e9.
+    pub gbps: f64,
+    /// Requests per second.
+    pub iops: f64,
+    /// CPU cores the peer kept busy (user + system), where it reports them.
+    pub cores: Option<f64>,
+    /// How the peer ran, where it chose (KvikIO's best thread count).
+    pub detail: Option<String>,
+}
+
+/// The median of a peer's rounds (each figure separately), standing for the point.
+pub(super) fn median_peer(rounds: &[PeerResult]) -> PeerResult {
+    let med = |f: &dyn Fn(&PeerResult) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    // The detail of the median round by throughput.
+    let mut by_gbps: Vec<&PeerResult> = rounds.iter().collect();
+    by_gbps.sort_by(|x, y| x.gbps.total_cmp(&y.gbps));
+    PeerResult {
+        name: rounds[0].name,
+        gbps: med(&|p| p.gbps),
+        iops: med(&|p| p.iops),
+        cores: rounds
+            .iter()
+            .all(|p| p.cores.is_some())
+            .then(|| med(&|p| p.cores.unwrap_or(0.0))),
+        detail: by_gbps[by_gbps.len() / 2].detail.clone(),
+    }
+}
+
+/// A peer's name for the point's workload (fio's and perf's agree) and its depth: a batch
+/// counts as its blocks.
+fn peer_workload(a: &BenchArgs, point: Point) -> (&'static str, usize) {
+    let rw = match (a.rw, a.pattern) {
+        (Rw::Read, Pattern::Seq) => "read",
+        (Rw::Read, _) => "randread",
+        (Rw::Write, Pattern::Seq) => "write",
+        (Rw::Write, _) => "randwrite",
+    };
+    let depth = point.qd
+        * if a.pattern == Pattern::Batch {
+            a.batch
+        } else {
+            1
+        };
+    (rw, depth)
+}
+
+pub(super) fn fio_available() -> bool {
+    std::process::Command::new("fio")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// fio with the point's settings on the same file: io_uring engine, one job, `qd` deep (a
+/// batch counts as its blocks), for `--seconds`. Reads go to host memory (fio has no GPU
+/// target): for device points it stands for the storage side's ceiling.
+pub(super) async fn fio(
+    a: &BenchArgs,
+    point: Point,
+    path: &std::path::Path,
+    span: u64,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let (rw, depth) = peer_workload(a, point);
+    let args = vec![
+        "--name=gpuio-peer".to_string(),
+        format!("--filename={}", path.display()),
+        format!("--size={span}"),
+        format!("--rw={rw}"),
+        format!("--bs={}", point.bs),
+        format!("--iodepth={depth}"),
+        "--ioengine=io_uring".to_string(),
+        format!("--direct={}", u8::from(a.direct)),
+        // fio drops the file's page cache before it starts unless told not to: a buffered
+        // point would then measure fio cold (and leave gpuio's next round cold too).
+        "--invalidate=0".to_string(),
+        "--time_based".to_string(),
+        format!("--runtime={}", a.seconds.ceil().max(1.0) as u64),
+        "--output-format=json".to_string(),
+    ];
+    let out =
+        tokio::task::spawn_blocking(move || std::process::Command::new("fio").args(&args).output())
+            .await??;
+    if !out.status.success() {
+        return Err(format!(
+            "fio failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("fio's JSON output: {e}"))?;
+    let dir = if a.rw == Rw::Read { "read" } else { "write" };
+    let job = &v["jobs"][0][dir];
+    let (Some(bw), Some(iops)) = (job["bw_bytes"].as_f64(), job["iops"].as_f64()) else {
+        return Err("fio's JSON output has no bw_bytes/iops".into());
+    };
+    let cpu = &v["jobs"][0];
+    let cores = match (cpu["usr_cpu"].as_f64(), cpu["sys_cpu"].as_f64()) {
+        (Some(u), Some(s)) => Some((u + s) / 100.0),
+        _ => None,
+    };
+    Ok(PeerResult {
+        name: "fio",
+        gbps: bw / 1e9,
+        iops,
+        cores,
+        detail: None,
+    })
+}
+
+/// The KvikIO peer program (`scripts/kvikio-peer.sh` builds it): GPUIO_KVIKIO_PEER, else
+/// `kvikio-peer` on PATH; or why there is none.
+pub(super) fn kvikio_peer_binary() -> Result<PathBuf, String> {
+    if let Some(p) = std::env::var_os("GPUIO_KVIKIO_PEER") {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(format!("GPUIO_KVIKIO_PEER={} is not a file", p.display()))
+        };
+    }
+    std::env::var_os("PATH")
+        .iter()
+        .flat_map(std::env::split_paths)
+        .map(|d| d.join("kvikio-peer"))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            "no KvikIO peer (kvikio-peer on PATH or GPUIO_KVIKIO_PEER; \
+             scripts/kvikio-peer.sh builds it)"
+                .to_string()
+        })
+}
+
+/// KvikIO with the point's settings on the same file: `qd` requests of `bs` bytes in flight
+/// through `FileHandle::pread`/`pwrite` (KvikIO splits each over its thread pool), into the
+/// same kind of memory, for `--seconds` per thread count of `--kvikio-threads`; the best
+/// thread count stands for KvikIO. KvikIO runs in its POSIX (compatibility) mode, its fastest
+/// path on machines without nvidia-fs (ENVIRONMENT.md).
+pub(super) async fn kvikio_peer(
+    a: &BenchArgs,
+    point: Point,
+    bin: &std::path::Path,
+    path: &std::path::Path,
+    span: u64,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let threads: Vec<String> = a.kvikio_threads.iter().map(|t| t.to_string()).collect();
+    let mut args = vec![
+        "--file".to_string(),
+        path.display().to_string(),
+        "--span".into(),
+        span.to_string(),
+        "--bs".into(),
+        point.bs.to_string(),
+        "--qd".into(),
+        point.qd.to_string(),
+        "--seconds".into(),
+        a.seconds.to_string(),
+        "--pattern".into(),
+        if a.pattern == Pattern::Seq {
+            "seq"
+        } else {
+            "rand"
+        }
+        .into(),
+        "--rw".into(),
+        if a.rw == Rw::Read { "read" } else { "write" }.into(),
+        "--threads".into(),
+        threads.join(","),
+    ];
+    if a.direct {
+        args.push("--direct".into());
+    }
+    if let Target::Gpu(n) = a.to {
+        args.extend(["--gpu".into(), "--device".into(), n.to_string()]);
+    }
+    let bin = bin.to_path_buf();
+    let out =
+        tokio::task::spawn_blocking(move || std::process::Command::new(&bin).args(&args).output())
+            .await??;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .to_string()
+            .into());
+    }
+    Ok(parse_kvikio_peer(&String::from_utf8_lossy(&out.stdout))?)
+}
+
+/// The KvikIO peer's result: its `{"best":true,...}` line (one line per thread count before).
+fn parse_kvikio_peer(text: &str) -> Result<PeerResult, String> {
+    let best = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["best"].as_bool() == Some(true))
+        .ok_or_else(|| {
+            format!(
+                "no result line in the KvikIO peer's output: {}",
+                text.trim()
+            )
+        })?;
+    let (Some(gbps), Some(iops), Some(threads)) = (
+        best["gbps"].as_f64(),
+        best["iops"].as_f64(),
+        best["threads"].as_u64(),
+    ) else {
+        return Err(format!(
+            "the KvikIO peer's result line lacks figures: {best}"
+        ));
+    };
+    Ok(PeerResult {
+        name: "kvikio",
+        gbps,
+        iops,
+        cores: best["cores"].as_f64(),
+        detail: Some(format!("KvikIO best at {threads} threads")),
+    })
+}
+
+/// SPDK's own `perf` example from the build `scripts/spdk.sh` made (next to the library gpuio
+/// loads), or why it cannot be run.
+pub(super) fn spdk_perf_binary() -> Result<PathBuf, String> {
+    let (lib, _) = gpuio::spdk::probe().library?;
+    let home = std::path::Path::new(&lib)
+        .parent()
+        .and_then(|p| p.parent())
+        .ok_or("no SPDK home")?;
+    let bin = home.join("bin/perf");
+    if bin.exists() {
+        Ok(bin)
+    } else {
+        Err(format!("SPDK's perf is not at {}", bin.display()))
+    }
+}
+
+/// SPDK's `perf` with the point's settings against the same namespace: one core (the machine's
+/// last), `qd` deep (a batch counts as its blocks), for `--seconds`, reads or writes into its
+/// own DMA memory (it has no GPU target).
+pub(super) async fn spdk_perf(
+    a: &BenchArgs,
+    point: Point,
+    bin: &std::path::Path,
+) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let (rw, depth) = peer_workload(a, point);
+    let trid = a.nvme.clone().unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lib_dir = bin
+        .parent()
+        .and_then(|p| p.parent())
+        .map(|h| h.join("lib"))
+        .unwrap_or_default();
+    let args = vec![
+        "-q".to_string(),
+        depth.to_string(),
+        "-o".to_string(),
+        point.bs.to_string(),
+        "-w".to_string(),
+        rw.to_string(),
+        "-t".to_string(),
+        (a.seconds.ceil().max(1.0) as u64).to_string(),
+        "-c".to_string(),
+        format!("{:#x}", 1u64 << (cores - 1).min(63)),
+        "-r".to_string(),
+        trid,
+    ];
+    let bin = bin.to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(&bin)
+            .args(&args)
+            .env("LD_LIBRARY_PATH", &lib_dir)
+            .output()
+    })
+    .await??;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "SPDK perf failed: {}{}",
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    // "Total : <IOPS> <MiB/s> <avg us> <min> <max>"
+    let nums: Vec<f64> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Total"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, r)| {
+            r.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    let [iops, mibs, ..] = nums[..] else {
+        return Err(format!("no Total line in SPDK perf's output: {}", text.trim()).into());
+    };
+    Ok(PeerResult {
+        name: "spdk-perf",
+        gbps: mibs * 1048576.0 / 1e9,
+        iops,
+        // perf does not report it (it busy-polls its one core by design).
+        cores: None,
+        detail: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(gbps: f64, cores: Option<f64>, detail: &str) -> PeerResult {
+        PeerResult {
+            name: "kvikio",
+            gbps,
+            iops: gbps * 1000.0,
+            cores,
+            detail: Some(detail.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_peer_point_is_the_median_of_its_rounds() {
+        let m = median_peer(&[
+            peer(47.0, Some(2.0), "8"),
+            peer(31.0, Some(1.0), "4"),
+            peer(46.0, Some(3.0), "16"),
+        ]);
+        assert_eq!(m.gbps, 46.0);
+        assert_eq!(m.iops, 46000.0);
+        assert_eq!(m.cores, Some(2.0));
+        // The detail comes from the median round by throughput.
+        assert_eq!(m.detail.as_deref(), Some("16"));
+        // One round without a CPU figure: no CPU figure for the point.
+        let m = median_peer(&[peer(1.0, Some(1.0), "a"), peer(2.0, None, "b")]);
+        assert_eq!(m.cores, None);
+    }
+
+    #[test]
+    fn the_kvikio_peer_reports_its_best_thread_count() {
+        let out = concat!(
+            r#"{"threads":8,"gbps":47.1,"iops":2807.0,"cores":3.2}"#,
+            "\n",
+            r#"{"threads":16,"gbps":46.5,"iops":2771.0,"cores":5.0}"#,
+            "\n",
+            r#"{"best":true,"threads":8,"gbps":47.1,"iops":2807.0,"cores":3.2,"memory":"device"}"#,
+            "\n"
+        );
+        let p = parse_kvikio_peer(out).unwrap();
+        assert_eq!(
+            (p.name, p.gbps, p.iops, p.cores),
+            ("kvikio", 47.1, 2807.0, Some(3.2))
+        );
+        assert_eq!(p.detail.as_deref(), Some("KvikIO best at 8 threads"));
+        let err = parse_kvikio_peer(r#"{"threads":8,"gbps":1.0}"#).unwrap_err();
+        assert!(err.contains("no result line"), "{err}");
+        let err = parse_kvikio_peer(r#"{"best":true,"gbps":1.0}"#).unwrap_err();
+        assert!(err.contains("lacks figures"), "{err}");
+    }
+}
