@@ -28,6 +28,20 @@
 //!
 //! Nothing here relies on `Drop` running.
 //!
+//! # Ordering after cancellation
+//! What a dropped or leaked operation already gave the kernel still lands, but never after a
+//! later operation that overlaps it: a piece whose range meets a write piece of another op
+//! started earlier waits for it outside the kernel (`fence`). So a write that completed holds
+//! the file's bytes, and a read started after it sees them; unstarted pieces of a dropped op
+//! never start. Widened to pages for O_DIRECT files, the same fence keeps concurrent
+//! overlapping direct writers from failing the next fsync.
+//!
+//! # Leaked futures and the pool
+//! Slots handed to a future that is never polled again are lost to the pool. When requests
+//! wait for memory that nothing in flight can return, the pool grows into reserved address
+//! space (`EngineBuilder::bounce_growth`), and past that limit the waiting requests fail with
+//! `Error::PoolExhausted` after `EngineBuilder::pool_wait_limit`: never an endless wait.
+//!
 //! # Shutdown
 //! `Engine::shutdown` (or the last engine handle going away) stops new work, fails unstarted
 //! pieces with `Error::Shutdown`, reclaims slots not yet picked up, waits for every piece the

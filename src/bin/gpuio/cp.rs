@@ -16,6 +16,7 @@
 //! - a sparse source became dense: only the source's data extents (SEEK_DATA/SEEK_HOLE) are
 //!   copied, and the destination's length is set with ftruncate, so holes stay holes.
 
+use crate::stdout::outln;
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
@@ -262,12 +263,12 @@ pub async fn run(a: CpArgs) -> CliResult {
     } else {
         String::new()
     };
-    println!(
+    outln!(
         "copied {}{holes} in {secs:.3} s: {:.3} GB/s via {}",
         fmt_bytes(len),
         data as f64 / secs / 1e9,
         engine.backend().name
-    );
+    )?;
     Ok(())
 }
 

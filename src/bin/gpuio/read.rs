@@ -6,6 +6,7 @@
 //! than the address space a `ulimit -v` leaves. Device reads still land in one device buffer
 //! (that is what they measure), after checking that the file fits in free device memory.
 
+use crate::stdout::outln;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -87,13 +88,13 @@ pub async fn run(a: ReadArgs) -> CliResult {
         );
     }
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "read {} in {secs:.3} s: {:.3} GB/s via {} ({}), sum64 {sum:016x}",
         fmt_bytes(total),
         total as f64 / secs / 1e9,
         engine.backend().name,
         if a.direct { "O_DIRECT" } else { "buffered" },
-    );
+    )?;
     Ok(())
 }
 
@@ -167,7 +168,7 @@ async fn read_gpu(
         .synchronize()
         .map_err(|e| format!("CUDA synchronize: {e:?}"))?;
     let secs = start.elapsed().as_secs_f64();
-    println!(
+    outln!(
         "read {} into gpu:{} in {secs:.3} s: {:.3} GB/s via {} ({}), bounce pool pinned: {}",
         fmt_bytes(n as u64),
         ctx.ordinal(),
@@ -175,7 +176,7 @@ async fn read_gpu(
         engine.backend().name,
         if direct { "O_DIRECT" } else { "buffered" },
         engine.bounce_pool_pinned(),
-    );
+    )?;
     Ok(())
 }
 
