@@ -26,7 +26,7 @@
 //! (device and inode), so two `File`s opened on the same path are ordered too. Operations on
 //! other engines or processes are not.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// The identity of what a file's pieces read and write: device and inode for files and block
 /// devices; a hash of the canonical name for NVMe namespaces reached through SPDK.
@@ -63,10 +63,12 @@ struct FileRanges {
     longest: u64,
 }
 
-/// Write ranges in flight per file, and the sequence counter.
+/// Write ranges in flight per file, and the sequence counter. Files are few (those with
+/// writes in the kernel right now), so a short vector searched in order beats hashing on
+/// every piece.
 #[derive(Default)]
 pub(crate) struct RangeFence {
-    files: HashMap<FileKey, FileRanges>,
+    files: Vec<(FileKey, FileRanges)>,
     next_seq: u64,
 }
 
@@ -91,7 +93,14 @@ impl RangeFence {
         let seq = self.next_seq;
         self.next_seq += 1;
         if write {
-            let f = self.files.entry(file).or_default();
+            let i = match self.files.iter().position(|(k, _)| *k == file) {
+                Some(i) => i,
+                None => {
+                    self.files.push((file, FileRanges::default()));
+                    self.files.len() - 1
+                }
+            };
+            let f = &mut self.files[i].1;
             f.held.insert((start, seq), Held { end, op });
             f.longest = f.longest.max(end - start);
         }
@@ -111,7 +120,7 @@ impl RangeFence {
             // The common read-only case: no write is in flight anywhere.
             return false;
         }
-        let Some(f) = self.files.get(&t.file) else {
+        let Some((_, f)) = self.files.iter().find(|(k, _)| *k == t.file) else {
             return false;
         };
         let from = t.start.saturating_sub(f.longest);
@@ -125,10 +134,11 @@ impl RangeFence {
         if !t.held {
             return;
         }
-        if let Some(f) = self.files.get_mut(&t.file) {
+        if let Some(i) = self.files.iter().position(|(k, _)| *k == t.file) {
+            let f = &mut self.files[i].1;
             f.held.remove(&(t.start, t.seq));
             if f.held.is_empty() {
-                self.files.remove(&t.file);
+                self.files.swap_remove(i);
             }
         }
     }
@@ -136,7 +146,7 @@ impl RangeFence {
     /// Write ranges held now (tests).
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
-        self.files.values().map(|f| f.held.len()).sum()
+        self.files.iter().map(|(_, f)| f.held.len()).sum()
     }
 }
 
