@@ -101,6 +101,9 @@ pub struct EngineBuilder {
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
     reactor_tick: std::time::Duration,
+    /// Whether io_uring timed waits may use `IORING_ENTER_EXT_ARG` where the kernel has it
+    /// (off in tests only: the timeout-SQE path that Linux 5.6–5.10 takes).
+    uring_ext_arg: bool,
 }
 
 impl Default for EngineBuilder {
@@ -118,6 +121,7 @@ impl Default for EngineBuilder {
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
             reactor_tick: DEFAULT_REACTOR_TICK,
+            uring_ext_arg: true,
         }
     }
 }
@@ -229,6 +233,13 @@ impl EngineBuilder {
         self
     }
 
+    /// Tests only: timed waits as on a kernel without `IORING_ENTER_EXT_ARG`.
+    #[cfg(test)]
+    pub(crate) fn without_ext_arg(mut self) -> Self {
+        self.uring_ext_arg = false;
+        self
+    }
+
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
@@ -283,6 +294,7 @@ impl EngineBuilder {
         let backend = self.backend;
         let threads = self.pread_threads.unwrap_or(self.queue_depth.min(64));
         let qd = self.queue_depth;
+        let ext_arg = self.uring_ext_arg;
         let reactor_shared = shared.clone();
         let cfg = ReactorConfig {
             chunk_size: self.chunk_size,
@@ -295,7 +307,7 @@ impl EngineBuilder {
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())
             .spawn(move || {
-                let driver = match make_driver(backend, qd, threads, &arena, &doorbell) {
+                let driver = match make_driver(backend, qd, threads, &arena, &doorbell, ext_arg) {
                     Ok(d) => d,
                     Err(e) => {
                         let _ = setup_tx.send(Err(e));
@@ -350,12 +362,13 @@ fn make_driver(
     threads: usize,
     arena: &BounceArena,
     doorbell: &Arc<Doorbell>,
+    ext_arg: bool,
 ) -> Result<Driver> {
     let ctx = || Context::op(OpKind::Setup);
     let uring = || {
         // SAFETY: the arena is kept alive by the reactor (and every op) for longer than the
         // driver, which the reactor drops first.
-        unsafe { UringDriver::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd()) }
+        unsafe { UringDriver::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd(), ext_arg) }
     };
     let pool = |reason: String| {
         PreadDriver::new(threads, doorbell.clone(), reason)

@@ -87,6 +87,8 @@ fn check_opcodes(ring: &IoUring) -> io::Result<bool> {
 }
 
 const DOORBELL_TOKEN: u64 = u64::MAX;
+/// The timeout SQE that bounds a timed wait on kernels without `IORING_ENTER_EXT_ARG`.
+const TIMEOUT_TOKEN: u64 = u64::MAX - 1;
 
 /// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
 pub(crate) struct UringDriver {
@@ -97,6 +99,13 @@ pub(crate) struct UringDriver {
     doorbell_fd: i32,
     doorbell_buf: Box<u64>,
     doorbell_armed: bool,
+    /// Timed waits pass their timeout to io_uring_enter (`IORING_ENTER_EXT_ARG`, Linux 5.11+);
+    /// without it they queue a timeout SQE instead (Linux 5.6–5.10).
+    ext_arg: bool,
+    /// The timespec of the timeout SQE (the kernel copies it at submission; kept here anyway so
+    /// the SQE never points at a dead stack frame).
+    timeout_ts: Box<types::Timespec>,
+    timeout_armed: bool,
     refused: Vec<String>,
 }
 
@@ -107,13 +116,24 @@ impl UringDriver {
     /// # Safety
     /// The memory behind `iovecs` must stay mapped for the life of the driver (the bounce arena
     /// is kept alive by the reactor, which drops the driver first).
+    /// `ext_arg_allowed: false` forces the timeout-SQE path (tests of old kernels).
     pub(crate) unsafe fn new(
         depth: u32,
         iovecs: &[libc::iovec],
         doorbell_fd: i32,
+        ext_arg_allowed: bool,
     ) -> io::Result<Self> {
-        let entries = (depth + 1).next_power_of_two().max(8);
-        let (ring, flags, refused) = setup_ring(entries)?;
+        // One more entry for the doorbell read and one for a timeout SQE.
+        let entries = (depth + 2).next_power_of_two().max(8);
+        let (ring, flags, mut refused) = setup_ring(entries)?;
+        let ext_arg = ext_arg_allowed && ring.params().is_feature_ext_arg();
+        if !ext_arg {
+            refused.push(if ext_arg_allowed {
+                "kernel lacks IORING_FEAT_EXT_ARG: timed waits use a timeout SQE".to_string()
+            } else {
+                "IORING_ENTER_EXT_ARG turned off: timed waits use a timeout SQE".to_string()
+            });
+        }
         let fixed_ok = check_opcodes(&ring)?;
         let (fixed_buffers, fixed_note) = if !fixed_ok {
             (false, "kernel lacks READ_FIXED/WRITE_FIXED".to_string())
@@ -137,6 +157,9 @@ impl UringDriver {
             doorbell_fd,
             doorbell_buf: Box::new(0),
             doorbell_armed: false,
+            ext_arg,
+            timeout_ts: Box::new(types::Timespec::new()),
+            timeout_armed: false,
             refused,
         })
     }
@@ -162,8 +185,8 @@ impl UringDriver {
     fn push_sqe(&mut self, sqe: squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: every SQE built by this driver points at memory that stays valid until its
-            // CQE is reaped: bounce slots (owned by the reactor until completion) or the
-            // driver's own doorbell buffer.
+            // CQE is reaped: bounce slots (owned by the reactor until completion), or the
+            // driver's own doorbell buffer and timeout timespec (boxed, dropped after the ring).
             if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
                 return Ok(());
             }
@@ -208,6 +231,22 @@ impl UringDriver {
         timeout: Option<std::time::Duration>,
     ) -> io::Result<()> {
         let r = match (wait, timeout) {
+            (true, Some(t)) if !self.ext_arg => {
+                // A timeout SQE that also completes at the first other completion (count 1),
+                // so at most one is ever queued and it never outlives the wait by much.
+                if !self.timeout_armed {
+                    *self.timeout_ts = types::Timespec::new()
+                        .sec(t.as_secs())
+                        .nsec(t.subsec_nanos());
+                    let sqe = opcode::Timeout::new(&*self.timeout_ts)
+                        .count(1)
+                        .build()
+                        .user_data(TIMEOUT_TOKEN);
+                    self.push_sqe(sqe)?;
+                    self.timeout_armed = true;
+                }
+                self.ring.submit_and_wait(1)
+            }
             (true, Some(t)) => {
                 let ts = types::Timespec::new()
                     .sec(t.as_secs())
@@ -259,6 +298,8 @@ impl UringDriver {
         for cqe in self.ring.completion() {
             if cqe.user_data() == DOORBELL_TOKEN {
                 self.doorbell_armed = false;
+            } else if cqe.user_data() == TIMEOUT_TOKEN {
+                self.timeout_armed = false;
             } else {
                 out.push(Completion {
                     token: cqe.user_data(),
@@ -277,10 +318,11 @@ impl UringDriver {
             ring_eventfd();
             self.submit(true)?;
             for cqe in self.ring.completion() {
-                if cqe.user_data() == DOORBELL_TOKEN {
-                    self.doorbell_armed = false;
-                } else {
-                    sink.push(cqe.user_data());
+                match cqe.user_data() {
+                    DOORBELL_TOKEN => self.doorbell_armed = false,
+                    // Timeouts touch no memory of ours once submitted.
+                    TIMEOUT_TOKEN => self.timeout_armed = false,
+                    other => sink.push(other),
                 }
             }
             debug_assert!(sink.is_empty(), "I/O completed after the drain");

@@ -1,0 +1,79 @@
+//! Dropping the last handle of an engine stops its reactor and frees what it pinned (issue 19):
+//! an engine made, used and dropped twenty times leaves the process with the threads and the
+//! memory it started with. Before the fix an idle reactor never saw its channel close: 20
+//! rounds left 43 threads and 2.6 GB resident. One test in this binary, so that no other
+//! test's threads move the count.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpuio::{Backend, Engine};
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// Waits (up to 10 s) until the thread count is back to `want` or below.
+fn settle(want: usize) -> usize {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = threads();
+        if n <= want || Instant::now() > until {
+            return n;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn dropped_engines_leave_no_threads_or_pinned_memory_behind() {
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "f", 1 << 20, 4);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for backend in [Backend::Uring, Backend::Pread] {
+        let (threads_before, rss_before) = (threads(), rss_bytes());
+        for round in 0..20 {
+            let engine = match Engine::builder().backend(backend).build() {
+                Ok(e) => e,
+                Err(e) => {
+                    skipped(format!("{backend:?} in the lifecycle test: {e}"));
+                    break;
+                }
+            };
+            let f = engine.open(&path).unwrap();
+            let mut buf = vec![0u8; 1 << 20];
+            assert_eq!(rt.block_on(f.read_into(&mut buf, 0)).unwrap(), 1 << 20);
+            assert!(buf == data, "{backend:?} round {round}");
+            drop(f);
+            drop(engine);
+        }
+        let left = settle(threads_before);
+        assert!(
+            left <= threads_before,
+            "{backend:?}: {threads_before} threads before 20 engines, {left} after they were dropped"
+        );
+        // Each engine's default pool is 128 MiB (registered with io_uring, so resident): 20
+        // leaked would be 2.5 GiB. Allow for allocator noise, not for one pool.
+        let grown = rss_bytes().saturating_sub(rss_before);
+        assert!(
+            grown < 96 << 20,
+            "{backend:?}: resident memory grew by {} MiB over 20 dropped engines",
+            grown >> 20
+        );
+    }
+}
