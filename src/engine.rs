@@ -161,7 +161,11 @@ impl EngineBuilder {
     /// How long a request may wait for bounce memory while nothing the engine has in flight
     /// can give any back (every slot held by futures that do not poll) before the pool grows
     /// or, grown to its limit, the waiting requests fail with [`Error::PoolExhausted`]
-    /// (default [`DEFAULT_POOL_WAIT_LIMIT`]). The pool grows after a tenth of it.
+    /// (default [`DEFAULT_POOL_WAIT_LIMIT`]; at least 10 ms). The pool grows after a tenth of
+    /// it. The engine cannot tell a leaked future from one its owner holds without polling: a
+    /// program that keeps futures with bounce memory unpolled for longer than this (a stream
+    /// whose consumer stalls, a worker thread blocked) while other requests wait sees those
+    /// requests fail, not hang; raise the limit for such programs.
     pub fn pool_wait_limit(mut self, limit: std::time::Duration) -> Self {
         self.pool_wait_limit = limit;
         self
@@ -260,6 +264,17 @@ impl EngineBuilder {
         }
         if !(1..=u16::MAX as usize).contains(&self.bounce_slots) {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
+        }
+        if self.pool_wait_limit < std::time::Duration::from_millis(10) {
+            // Growth comes after a tenth of the limit: below a millisecond, ordinary waits
+            // for live futures would grow the pool and then fail requests.
+            return Err(Error::invalid(
+                ctx(),
+                format!(
+                    "pool wait limit {:?} is below 10 ms: live futures would be taken for leaks",
+                    self.pool_wait_limit
+                ),
+            ));
         }
         let growth = self.bounce_growth.unwrap_or(self.bounce_slots);
         if growth > u16::MAX as usize {

@@ -101,6 +101,16 @@ async fn leaked_futures_holding_the_pool_grow_it_then_fail_later_requests() {
     }
 }
 
+#[test]
+fn a_wait_limit_below_ten_milliseconds_is_refused() {
+    let e = Engine::builder()
+        .pool_wait_limit(Duration::from_millis(1))
+        .build()
+        .expect_err("1 ms would take live futures for leaks");
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    assert!(e.to_string().contains("10 ms"), "{e}");
+}
+
 /// A slow consumer is not a leak: a future that holds its slots but is polled again within the
 /// wait limit keeps every other request waiting, then served, never failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -447,8 +447,9 @@ struct OpEntry {
     eof_at: Option<u64>,
     error: Option<Error>,
     /// File offset `error` names when it came from a piece that failed: pieces complete out of
-    /// order, and the error kept is the one at the lowest offset, so that it names the first
-    /// byte not transferred (a later piece's ENOSPC must not hide an earlier one's).
+    /// order, and the error kept is the one at the lowest failing offset (a later piece's
+    /// ENOSPC must not hide an earlier one's). For writes every piece below it was written
+    /// (pieces start in order; fenced ones still run); a failed read hands back no data.
     error_at: Option<u64>,
     cancelled: bool,
     /// Alignment the plan was made on (a short read not a multiple of it means end of file).
@@ -512,6 +513,8 @@ pub(crate) struct ReactorConfig {
 struct PoolStall {
     since: Instant,
     returned: u64,
+    /// Which pool the waiting op needs (device staging or host bounce memory).
+    on_device: bool,
 }
 
 pub(crate) struct Reactor {
@@ -1409,15 +1412,14 @@ impl Reactor {
             || !self.gated.is_empty()
             || self.lane_outstanding() > 0;
         let returned = self.slots_returned;
-        let stall = self.stall.get_or_insert(PoolStall {
+        let fresh = PoolStall {
             since: now,
             returned,
-        });
-        if in_flight || stall.returned != returned {
-            *stall = PoolStall {
-                since: now,
-                returned,
-            };
+            on_device,
+        };
+        let stall = self.stall.get_or_insert(fresh);
+        if in_flight || stall.returned != returned || stall.on_device != on_device {
+            *stall = fresh;
             return false;
         }
         let waited = now.duration_since(stall.since);
@@ -1470,7 +1472,10 @@ impl Reactor {
         let keys: Vec<usize> = self.runnable.iter().copied().collect();
         for key in keys {
             let op = &mut self.ops[key];
-            if op.kind == OpKind::Sync || op.owned.is_some() || op.stopped() {
+            // Only ops that take memory from the stalled pool: host ops behind a cuFile op
+            // starved of device staging (which never grows) keep waiting for the host pool.
+            if op.kind == OpKind::Sync || op.owned.is_some() || op.stopped() || op.gds != on_device
+            {
                 continue;
             }
             op.error = Some(Error::PoolExhausted {
@@ -1771,6 +1776,7 @@ impl Reactor {
             }
         } else if op.error.is_none() {
             op.error = Some(Error::cuda_msg(op.ctx(pos), why));
+            op.error_at = Some(pos);
         }
         if !lost {
             self.free_op_slot(key, slot);
