@@ -1406,11 +1406,17 @@ impl Reactor {
     /// and once it cannot grow, fail the waiting ops rather than let them wait for good.
     /// Returns whether the pool grew.
     fn check_pool_stall(&mut self, on_device: bool) -> bool {
-        let now = Instant::now();
         let in_flight = !self.ios.is_empty()
             || !self.to_submit.is_empty()
             || !self.gated.is_empty()
             || self.lane_outstanding() > 0;
+        if in_flight {
+            // The common case under load (a busy pool is starved on most passes): memory will
+            // come back by itself, and no clock is read.
+            self.stall = None;
+            return false;
+        }
+        let now = Instant::now();
         let returned = self.slots_returned;
         let fresh = PoolStall {
             since: now,
@@ -1418,7 +1424,7 @@ impl Reactor {
             on_device,
         };
         let stall = self.stall.get_or_insert(fresh);
-        if in_flight || stall.returned != returned || stall.on_device != on_device {
+        if stall.returned != returned || stall.on_device != on_device {
             *stall = fresh;
             return false;
         }

@@ -172,6 +172,12 @@ pub(crate) fn pseudo_filesystem(fd: BorrowedFd<'_>) -> io::Result<Option<&'stati
         .map(|(_, name)| *name))
 }
 
+/// Whether `name` (as [`filesystem_name`] gives it) is a pseudo-filesystem whose files are
+/// generated when read (`proc`, `sysfs`, ...): nothing to split into parallel reads.
+pub fn is_pseudo_filesystem(name: &str) -> bool {
+    PSEUDO_FILESYSTEMS.iter().any(|(_, n)| *n == name)
+}
+
 /// The filesystem type of `path` (which is not opened: it may be a FIFO), as
 /// [`filesystem_name`] names it.
 pub(crate) fn filesystem_name_of_path(path: &std::path::Path) -> io::Result<String> {

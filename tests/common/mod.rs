@@ -249,15 +249,10 @@ pub async fn abandon_write_then_rewrite<S: gpuio::WriteSrc + ?Sized>(
     leak: bool,
 ) {
     let mut fut = Box::pin(f.write_from(first, off));
-    // The first poll takes slots to fill, the second fills them and sends them off.
-    if !poll_once(&mut fut) && !poll_once(&mut fut) {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-        poll_once(&mut fut);
-    }
-    if leak {
-        std::mem::forget(fut);
-    } else {
-        drop(fut);
+    // This poll takes slots to fill; abandon_mid_flight's first poll fills them and sends
+    // them off, so pieces are in the kernel when it lets go.
+    if !poll_once(&mut fut) {
+        abandon_mid_flight(fut, ms, leak);
     }
     within(f.write_from(second, off)).await.unwrap();
 }

@@ -209,7 +209,7 @@ impl Probe {
         // Files are not created where they cannot be (a read-only mount) or mean nothing (a
         // pseudo filesystem such as /proc or /sys, where gpuio reads no files anyway).
         match fs_of_dir(path) {
-            Ok((fs, _)) if validate::is_pseudo_filesystem(&fs) => {
+            Ok((fs, _)) if gpuio::uring::align::is_pseudo_filesystem(&fs) => {
                 return Probe::None(format!(
                     "{fs} is a pseudo filesystem: its files are generated when read, and gpuio \
                      does not read them"

@@ -127,7 +127,10 @@ impl Drop for TempPath {
             // Gone already is fine; anything else is worth a word, since it leaves a file.
             if let Err(e) = std::fs::remove_file(&self.path) {
                 if e.kind() != io::ErrorKind::NotFound {
-                    eprintln!(
+                    // Not eprintln!: it panics when stderr is a closed pipe, and Drop must not.
+                    use std::io::Write;
+                    let _ = writeln!(
+                        io::stderr(),
                         "gpuio: cannot remove temporary file {}: {e}",
                         self.path.display()
                     );

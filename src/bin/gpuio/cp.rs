@@ -76,22 +76,6 @@ enum Dest {
     Device(PathBuf),
 }
 
-fn kind_of(ft: &fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "a directory"
-    } else if ft.is_fifo() {
-        "a FIFO"
-    } else if ft.is_socket() {
-        "a socket"
-    } else if ft.is_char_device() {
-        "a character device"
-    } else if ft.is_block_device() {
-        "a block device"
-    } else {
-        "not a regular file"
-    }
-}
-
 /// Checks the source and works out the destination, touching nothing.
 fn plan(src: &Path, dst: &Path) -> Result<(fs::Metadata, Dest), String> {
     let sm = fs::metadata(src).map_err(|e| format!("cp: cannot stat {}: {e}", q(src)))?;
@@ -100,7 +84,7 @@ fn plan(src: &Path, dst: &Path) -> Result<(fs::Metadata, Dest), String> {
         return Err(format!(
             "cp: {} is {}: gpuio cp copies one regular file or block device",
             q(src),
-            kind_of(&sft)
+            crate::validate::kind_name(sft)
         ));
     }
     let mut dst = dst.to_path_buf();
@@ -137,7 +121,7 @@ fn plan(src: &Path, dst: &Path) -> Result<(fs::Metadata, Dest), String> {
         return Err(format!(
             "cp: {} is {}: gpuio cp writes regular files and block devices",
             q(&dst),
-            kind_of(&dft)
+            crate::validate::kind_name(dft)
         ));
     }
     // Replace the file a symlink points to, not the symlink: what an in-place cp writes.

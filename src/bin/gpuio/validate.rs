@@ -141,26 +141,6 @@ pub fn kind_name(ft: std::fs::FileType) -> &'static str {
     }
 }
 
-/// Filesystems whose files are generated when read (`/proc/cpuinfo` says 0 bytes): nothing to
-/// benchmark or probe. Names as `gpuio::uring::align::filesystem_name` gives them.
-const PSEUDO_FILESYSTEMS: &[&str] = &[
-    "proc",
-    "sysfs",
-    "debugfs",
-    "tracefs",
-    "securityfs",
-    "cgroup",
-    "cgroup2",
-    "configfs",
-    "bpf",
-    "efivarfs",
-];
-
-/// Whether `fs` (a name from `filesystem_name`) is a pseudo filesystem.
-pub fn is_pseudo_filesystem(fs: &str) -> bool {
-    PSEUDO_FILESYSTEMS.contains(&fs)
-}
-
 /// Opens `path` read-only without blocking: O_NONBLOCK makes opening a FIFO return at once
 /// (it would otherwise wait for a writer), and the file's type is checked on the descriptor,
 /// so a path swapped after an earlier `stat` is still caught. Only regular files and block
@@ -182,7 +162,7 @@ pub fn open_data_file(path: &Path, purpose: &str) -> Result<std::fs::File, Strin
     if meta.is_file() {
         let fs =
             gpuio::uring::align::filesystem_name(f.as_fd()).map_err(|e| format!("{name}: {e}"))?;
-        if is_pseudo_filesystem(&fs) {
+        if gpuio::uring::align::is_pseudo_filesystem(&fs) {
             return Err(format!(
                 "{name} is a file of {fs}, a pseudo filesystem (generated when read, no size \
                  to speak of): {purpose}"
