@@ -1,19 +1,19 @@
 //! [`Engine`]: a handle to one reactor thread and its bounce pool.
 
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, sync_channel};
 
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
-use crate::file::{File, OpenOptions};
-use crate::reactor::doorbell::Doorbell;
-use crate::reactor::op::{NoTransfer, OpFuture};
-use crate::reactor::{EngineShared, Msg, Reactor, ReactorConfig, SubmitMsg};
-use crate::uring::Driver;
-use crate::uring::pread::PreadDriver;
-use crate::uring::ring::UringDriver;
+use crate::lane::Driver;
+use crate::lane::doorbell::Doorbell;
+use crate::lane::pread::PreadDriver;
+use crate::lane::uring::UringDriver;
+use crate::op::future::{NoTransfer, OpFuture};
+use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
+use crate::reactor::{Reactor, ReactorConfig};
+use crate::target::GdsMode;
 
 /// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
 pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
@@ -41,14 +41,6 @@ pub enum Backend {
     /// register it, and cuFile errors are reported instead of falling back. Host-memory
     /// transfers use io_uring (or the pread pool).
     Gds,
-}
-
-/// Whether and how an engine uses cuFile for device transfers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GdsMode {
-    Off,
-    Auto,
-    Forced,
 }
 
 impl std::str::FromStr for Backend {
@@ -304,7 +296,7 @@ impl EngineBuilder {
         let doorbell =
             Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
         let (tx, rx) = channel::<Msg>();
-        let shared = Arc::new(EngineShared::new(tx, doorbell.clone(), arena.clone()));
+        let shared = Arc::new(ReactorHandle::new(tx, doorbell.clone(), arena.clone()));
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
         let backend = self.backend;
         let threads = self.pread_threads.unwrap_or(self.queue_depth.min(64));
@@ -410,7 +402,7 @@ fn make_driver(
 }
 
 struct EngineInner {
-    shared: Arc<EngineShared>,
+    shared: Arc<ReactorHandle>,
     info: BackendInfo,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     gds_mode: GdsMode,
@@ -503,37 +495,9 @@ impl Engine {
         self.inner.shared.death.get().map(String::as_str)
     }
 
-    /// Opens NVMe namespace `trid` through SPDK as a [`File`]: an SPDK transport ID such as
-    /// `trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1`
-    /// or `trtype:PCIe traddr:0000:04:00.0`, optionally with `ns:N` (default: the first active
-    /// namespace). Reads and writes take any byte offset and length; reads past the end of the
-    /// namespace are short, writes past it are refused. Blocks while SPDK connects.
-    ///
-    /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) where SPDK is not
-    /// available (the reason names what is missing), with an I/O error where the target does
-    /// not answer, and with `InvalidInput` for a malformed transport ID.
-    pub fn open_nvme(&self, trid: &str) -> Result<File> {
-        File::open_nvme(self, trid)
-    }
-
     /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
     pub fn bounce_pool_is_dma(&self) -> bool {
         self.inner.shared.arena.is_dma()
-    }
-
-    /// Opens `path` read-only.
-    pub fn open(&self, path: impl AsRef<Path>) -> Result<File> {
-        OpenOptions::new().read(true).open(self, path)
-    }
-
-    /// Creates (or truncates) `path` for reading and writing.
-    pub fn create(&self, path: impl AsRef<Path>) -> Result<File> {
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(self, path)
     }
 
     /// Stops the reactor: new operations fail with [`Error::Shutdown`], operations in flight
@@ -574,7 +538,7 @@ impl Engine {
         crate::reactor::op_window(&self.inner.shared.arena)
     }
 
-    pub(crate) fn shared(&self) -> &Arc<EngineShared> {
+    pub(crate) fn shared(&self) -> &Arc<ReactorHandle> {
         &self.inner.shared
     }
 

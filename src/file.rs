@@ -1,23 +1,21 @@
 //! [`File`]: an open file (or block device) bound to an [`Engine`], and its async operations.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::buf::arena::MIN_SLOT;
 use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
-#[cfg(feature = "cuda")]
-use crate::engine::GdsMode;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::reactor::fence::FileKey;
-use crate::reactor::op::{Either, NoTransfer, OpFuture, Transfer};
-use crate::reactor::read::{HostCopyOut, ReadInto};
-use crate::reactor::write::{HostFill, WriteFrom};
-use crate::reactor::{DeviceHint, OpRequest};
-use crate::uring::align::{self, DirectAlignment};
-use crate::uring::plan::MAX_POS;
+use crate::op::future::{Either, NoTransfer, OpFuture, Transfer};
+use crate::op::read::{HostCopyOut, ReadInto};
+use crate::op::request::{DeviceHint, OpRequest};
+use crate::op::write::{HostFill, WriteFrom};
+use crate::plan::MAX_POS;
+use crate::plan::align::{self, DirectAlignment};
+#[cfg(feature = "cuda")]
+use crate::target::GdsMode;
+use crate::target::{Access, Target};
 
 /// Future of a stream-ordered cuFile operation ([`File::read_on_stream`],
 /// [`File::write_on_stream`]): bytes moved, once the stream has passed the operation.
@@ -36,7 +34,39 @@ impl std::future::Future for StreamIo {
     ) -> std::task::Poll<Result<usize>> {
         std::pin::Pin::new(&mut self.inner)
             .poll(cx)
-            .map(crate::reactor::to_usize)
+            .map(crate::op::to_usize)
+    }
+}
+
+/// Opening files on an engine (here rather than in `engine.rs`: a file knows its engine, the
+/// engine knows nothing of files).
+impl Engine {
+    /// Opens `path` read-only.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<File> {
+        OpenOptions::new().read(true).open(self, path)
+    }
+
+    /// Creates (or truncates) `path` for reading and writing.
+    pub fn create(&self, path: impl AsRef<Path>) -> Result<File> {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(self, path)
+    }
+
+    /// Opens NVMe namespace `trid` through SPDK as a [`File`]: an SPDK transport ID such as
+    /// `trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2016-06.io.spdk:cnode1`
+    /// or `trtype:PCIe traddr:0000:04:00.0`, optionally with `ns:N` (default: the first active
+    /// namespace). Reads and writes take any byte offset and length; reads past the end of the
+    /// namespace are short, writes past it are refused. Blocks while SPDK connects.
+    ///
+    /// Fails with [`Error::Unsupported`](crate::Error::Unsupported) where SPDK is not
+    /// available (the reason names what is missing), with an I/O error where the target does
+    /// not answer, and with `InvalidInput` for a malformed transport ID.
+    pub fn open_nvme(&self, trid: &str) -> Result<File> {
+        File::open_nvme(self, trid)
     }
 }
 
@@ -95,118 +125,21 @@ impl OpenOptions {
         if (self.create || self.truncate) && !self.write {
             return Err(Error::invalid(ctx(), "create/truncate need write access"));
         }
-        let mut flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-        if self.direct {
-            flags |= libc::O_DIRECT;
-        }
-        // O_NONBLOCK so that opening a FIFO cannot hang; it is cleared below for files we serve.
-        let file = std::fs::OpenOptions::new()
-            .read(self.read)
-            .write(self.write)
-            .create(self.create)
-            .truncate(self.truncate)
-            .custom_flags(flags)
-            .open(&path)
-            .map_err(|e| {
-                if self.direct && e.raw_os_error() == Some(libc::EINVAL) {
-                    let fs = align::filesystem_name_of_path(&path)
-                        .unwrap_or_else(|_| "the filesystem".into());
-                    Error::unsupported(
-                        ctx(),
-                        format!("{fs} refuses O_DIRECT here; open without `direct`"),
-                    )
-                } else {
-                    Error::io(ctx(), e)
-                }
-            })?;
-        let fd: OwnedFd = file.into();
-        let (ftype, fence_key) =
-            align::file_type_and_key(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
-        if ftype != libc::S_IFREG && ftype != libc::S_IFBLK {
-            let what = match ftype {
-                libc::S_IFDIR => "a directory",
-                libc::S_IFIFO => "a FIFO",
-                libc::S_IFSOCK => "a socket",
-                libc::S_IFCHR => "a character device",
-                _ => "not a regular file",
-            };
-            return Err(Error::invalid(
-                ctx(),
-                format!("{what}: gpuio reads regular files and block devices"),
-            ));
-        }
-        if let Some(fs) = align::pseudo_filesystem(fd.as_fd()).map_err(|e| Error::io(ctx(), e))? {
-            return Err(Error::invalid(
-                ctx(),
-                format!(
-                    "a {fs} pseudo-file: its contents are generated on each read and have no \
-                     stable size, so gpuio cannot split it into parallel reads; use std::fs"
-                ),
-            ));
-        }
-        clear_nonblock(&fd).map_err(|e| Error::io(ctx(), e))?;
-        let (align, dio) = if self.direct {
-            let a = align::query(fd.as_fd())
-                .map_err(|e| Error::io(ctx(), e))?
-                .ok_or_else(|| {
-                    Error::unsupported(ctx(), "the filesystem reports no direct-I/O support")
-                })?;
-            if a.memory as usize > MIN_SLOT
-                || !(a.offset as u64).is_power_of_two()
-                || a.offset as usize > engine.chunk_size().next_power_of_two()
-            {
-                return Err(Error::unsupported(
-                    ctx(),
-                    format!(
-                        "direct-I/O alignment (memory {}, offset {}) exceeds what the bounce pool \
-                         provides; raise the chunk size or open without `direct`",
-                        a.memory, a.offset
-                    ),
-                ));
-            }
-            (a.offset as u64, Some(a))
-        } else {
-            (1, None)
+        let how = Access {
+            read: self.read,
+            write: self.write,
+            create: self.create,
+            truncate: self.truncate,
+            direct: self.direct,
         };
-        // Unaligned write edges of an O_DIRECT file go through a buffered twin descriptor.
-        let buffered = if self.direct && self.write {
-            let twin = std::fs::OpenOptions::new()
-                .read(self.read)
-                .write(true)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                .or_else(|_| {
-                    std::fs::OpenOptions::new()
-                        .read(self.read)
-                        .write(true)
-                        .custom_flags(libc::O_CLOEXEC)
-                        .open(&path)
-                })
-                .map_err(|e| Error::io(ctx(), e))?;
-            Some(OwnedFd::from(twin))
-        } else {
-            None
-        };
-        let file_path = path.clone();
+        let target = Target::open(
+            path.clone(),
+            &how,
+            engine.backend().name,
+            engine.chunk_size(),
+        )?;
         let file = File {
-            inner: Arc::new(FileInner {
-                fd: Some(fd),
-                fence_key,
-                nvme: None,
-                buffered,
-                #[cfg(feature = "cuda")]
-                gds: std::sync::OnceLock::new(),
-                path: file_path,
-                align,
-                // Direct writes send unaligned edges through the page cache; planning their
-                // direct middle on whole pages keeps the two from ever sharing a page, which
-                // would make the kernel fail page-cache invalidation after the direct write
-                // (and report EIO at the next fsync).
-                write_align: if align > 1 { align.max(page_size()) } else { 1 },
-                dio,
-                readable: self.read,
-                writable: self.write,
-            }),
+            inner: Arc::new(target),
             engine: engine.clone(),
         };
         // `Backend::Gds` promises cuFile for device transfers: find out now, not mid-read.
@@ -223,61 +156,9 @@ impl OpenOptions {
 impl File {
     /// Opens NVMe namespace `trid` through SPDK (see [`Engine::open_nvme`]).
     pub(crate) fn open_nvme(engine: &Engine, trid: &str) -> Result<File> {
-        let name = format!(
-            "nvme://{}",
-            trid.split_whitespace().collect::<Vec<_>>().join(" ")
-        );
-        let path: Arc<Path> = Arc::from(Path::new(&name));
-        let ctx = || {
-            Context::op(OpKind::Open)
-                .with_path(&path)
-                .with_backend("spdk")
-        };
-        let id = crate::spdk::TransportId::parse(trid)
-            .map_err(|why| Error::invalid(ctx(), format!("invalid SPDK transport ID: {why}")))?;
-        if id.is_pcie() && !engine.bounce_pool_is_dma() {
-            return Err(Error::unsupported(
-                ctx(),
-                "local PCIe NVMe needs DMA-able bounce memory: build the engine with \
-                 EngineBuilder::spdk_memory(true)",
-            ));
-        }
-        let ctrlr = crate::spdk::ctrlr::Controller::attach(&id).map_err(|why| {
-            if crate::spdk::env::spdk().is_err() {
-                Error::unsupported(ctx(), why)
-            } else {
-                Error::io(
-                    ctx(),
-                    std::io::Error::new(std::io::ErrorKind::ConnectionRefused, why),
-                )
-            }
-        })?;
-        let ns = ctrlr
-            .namespace(id.nsid())
-            .map_err(|why| Error::invalid(ctx(), why))?;
-        let sector = ns.sector;
-        // Name the namespace in error contexts the way a user would open it again.
-        let path: Arc<Path> = Arc::from(Path::new(&format!(
-            "nvme://{} ns:{}",
-            id.controller_string(),
-            ns.nsid
-        )));
+        let target = Target::open_nvme(trid, engine.bounce_pool_is_dma())?;
         Ok(File {
-            inner: Arc::new(FileInner {
-                fd: None,
-                fence_key: nvme_fence_key(&path),
-                nvme: Some(Arc::new(ns)),
-                buffered: None,
-                #[cfg(feature = "cuda")]
-                gds: std::sync::OnceLock::new(),
-                path,
-                align: sector,
-                // Unaligned write edges are read-modify-written one sector at a time.
-                write_align: sector,
-                dio: None,
-                readable: true,
-                writable: true,
-            }),
+            inner: Arc::new(target),
             engine: engine.clone(),
         })
     }
@@ -293,152 +174,11 @@ impl File {
     }
 }
 
-/// The fence identity of an NVMe namespace: a hash of its canonical name (controller and
-/// namespace ID), so two opens of one namespace on an engine are ordered against each other.
-/// A collision would only order pieces that need no ordering.
-fn nvme_fence_key(name: &Path) -> FileKey {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    name.hash(&mut h);
-    FileKey {
-        dev: u64::MAX - 1,
-        ino: h.finish(),
-    }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 { p as u64 } else { 4096 }
-}
-
-fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on a descriptor we own; no memory is passed.
-    unsafe {
-        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
-        if fl < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl & !libc::O_NONBLOCK) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
-/// What the reactor needs of a file; kept alive by every op until its I/O has completed.
-pub(crate) struct FileInner {
-    /// The kernel descriptor (`None` for an NVMe namespace, whose I/O goes through SPDK).
-    fd: Option<OwnedFd>,
-    /// What the reactor orders this file's overlapping pieces by (device and inode).
-    pub(crate) fence_key: FileKey,
-    /// The NVMe namespace this "file" is, when opened with [`Engine::open_nvme`].
-    pub(crate) nvme: Option<Arc<crate::spdk::ctrlr::Namespace>>,
-    buffered: Option<OwnedFd>,
-    /// The cuFile registration (or why there is none), made on the first device transfer.
-    #[cfg(feature = "cuda")]
-    gds: std::sync::OnceLock<std::result::Result<crate::gds::FileGds, String>>,
-    pub(crate) path: Arc<Path>,
-    /// Offset alignment for planning reads: the O_DIRECT alignment, or 1.
-    pub(crate) align: u64,
-    /// Offset alignment for planning writes: O_DIRECT alignment rounded up to a page, or 1.
-    pub(crate) write_align: u64,
-    dio: Option<DirectAlignment>,
-    readable: bool,
-    writable: bool,
-}
-
-impl FileInner {
-    /// The descriptor for the kernel (-1 for an NVMe namespace, whose pieces the reactor
-    /// sends to SPDK and never to the kernel).
-    pub(crate) fn raw_fd(&self) -> RawFd {
-        self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
-    }
-
-    pub(crate) fn buffered_raw_fd(&self) -> RawFd {
-        self.buffered
-            .as_ref()
-            .map_or_else(|| self.raw_fd(), AsRawFd::as_raw_fd)
-    }
-
-    /// The cuFile registration, if one was made and succeeded.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn gds(&self) -> Option<&crate::gds::FileGds> {
-        self.gds.get().and_then(|r| r.as_ref().ok())
-    }
-
-    /// Registers the file with cuFile once (through an O_DIRECT descriptor of its own), or
-    /// says why it cannot be.
-    #[cfg(feature = "cuda")]
-    pub(crate) fn gds_registration(
-        &self,
-        mode: GdsMode,
-        compat_allowed: bool,
-    ) -> std::result::Result<&crate::gds::FileGds, String> {
-        if mode == GdsMode::Off {
-            return Err("the engine's backend does not use cuFile".into());
-        }
-        if self.nvme.is_some() {
-            return Err(
-                "an NVMe namespace opened through SPDK is not a file cuFile can register".into(),
-            );
-        }
-        let r = self.gds.get_or_init(|| {
-            let compat = !crate::gds::driver::nvidia_fs_loaded();
-            let r = if mode == GdsMode::Auto && compat && !compat_allowed {
-                // Compatibility-mode cuFile does what the bounce path does (POSIX reads, host
-                // copies), slower in every measurement (EngineBuilder::cufile_compat).
-                Err("cuFile runs in compatibility mode (no nvidia-fs): POSIX reads and host \
-                     copies inside libcufile, slower than gpuio's bounce path, which serves \
-                     this file (EngineBuilder::cufile_compat(true) or Backend::Gds to use it)"
-                    .to_string())
-            } else if mode == GdsMode::Auto && compat && self.dio.is_none() {
-                // Compatibility-mode cuFile is POSIX I/O on an O_DIRECT descriptor: for a
-                // buffered file it would throw the page cache away and buy nothing.
-                Err("cuFile runs in compatibility mode (no nvidia-fs) and would bypass the page \
-                     cache: buffered files keep the bounce path (open with `direct`, or use \
-                     Backend::Gds, to read them through cuFile)"
-                    .to_string())
-            } else {
-                self.register_gds(mode == GdsMode::Forced)
-            };
-            if let Err(why) = &r {
-                tracing::info!(path = %self.path.display(), %why, "cuFile does not serve this file; device transfers use the bounce path");
-            }
-            r
-        });
-        r.as_ref().map_err(|e| e.clone())
-    }
-
-    #[cfg(feature = "cuda")]
-    fn register_gds(&self, forced: bool) -> std::result::Result<crate::gds::FileGds, String> {
-        use crate::gds::handle::GdsHandle;
-        let mut opts = std::fs::OpenOptions::new();
-        opts.read(self.readable)
-            .write(self.writable)
-            .custom_flags(libc::O_DIRECT | libc::O_CLOEXEC);
-        let direct = opts
-            .open(format!("/proc/self/fd/{}", self.raw_fd()))
-            .or_else(|_| opts.open(&self.path))
-            .map_err(|e| format!("cannot reopen the file with O_DIRECT for cuFile: {e}"))?;
-        let fd = OwnedFd::from(direct);
-        let dio = align::query(fd.as_fd())
-            .map_err(|e| format!("statx: {e}"))?
-            .ok_or("the filesystem reports no direct-I/O support, which cuFile needs")?;
-        // Staging slots are 4 KiB-aligned and cuFile pieces are planned on 4 KiB.
-        if dio.offset as usize > MIN_SLOT || dio.memory as usize > MIN_SLOT {
-            return Err(format!(
-                "direct-I/O alignment (memory {}, offset {}) exceeds the 4 KiB staging granularity",
-                dio.memory, dio.offset
-            ));
-        }
-        let handle = GdsHandle::register(fd).map_err(|e| e.to_string())?;
-        Ok(crate::gds::FileGds::new(handle, MIN_SLOT as u64, forced))
-    }
-}
-
 /// An open file on an [`Engine`]. Cheap to clone; `Send + Sync`; all I/O methods take `&self`,
 /// so one file can serve many concurrent operations.
 #[derive(Clone)]
 pub struct File {
-    inner: Arc<FileInner>,
+    inner: Arc<Target>,
     engine: Engine,
 }
 
@@ -688,7 +428,7 @@ impl File {
         own: &Arc<cudarc::driver::CudaStream>,
         ptr: impl FnOnce(&'g cudarc::driver::CudaStream) -> (u64, cudarc::driver::SyncOnDrop<'g>),
     ) -> Result<StreamIo> {
-        use crate::reactor::op::OpShared;
+        use crate::op::OpShared;
         self.check(op, offset, len)?;
         let engine = self.engine.shared().clone();
         if len == 0 {
@@ -827,7 +567,7 @@ impl File {
             offset,
             len: len as u64,
             device: None,
-            owned: Some(crate::reactor::OwnedTarget {
+            owned: Some(crate::op::request::OwnedTarget {
                 addr,
                 keep: owned.into_any(),
             }),
@@ -835,7 +575,7 @@ impl File {
         let mut fut = OpFuture::new(
             self.engine.shared().clone(),
             req,
-            crate::reactor::read::OwnedReturn::default(),
+            crate::op::read::OwnedReturn::default(),
         );
         let r = (&mut fut).await;
         let back = fut.transfer_mut().back.take();
@@ -844,7 +584,7 @@ impl File {
             // The reactor kept the buffer because the kernel may still write it (it died
             // with the read in flight): an empty buffer of the same kind comes back.
             .unwrap_or_else(|| crate::buf::owned::OwnedHostBuf::empty(kind));
-        (crate::reactor::to_usize(r), owned)
+        (crate::op::to_usize(r), owned)
     }
 
     /// Writes an owned buffer (its whole length) and hands it back with the result.

@@ -30,7 +30,7 @@
 //!   `mem::forget`-ting a future mid-flight never lets anything write your buffer afterwards
 //!   ([`reactor`] explains the argument).
 //! - **Any offset, any length, even with O_DIRECT.** Alignment comes from `statx` and is the
-//!   library's job ([`uring::align`]).
+//!   library's job ([`plan::align`]).
 //! - **Honest errors.** One [`Error`] type naming operation, path, offset and backend; reads past
 //!   end of file return the short count; invalid input is an error, never a panic or a hang.
 //! - **No GPU needed.** CUDA is probed at run time ([`cuda::probe`]); host paths work anywhere.
@@ -55,11 +55,14 @@ mod error;
 mod file;
 #[cfg(feature = "cuda")]
 pub mod gds;
+pub mod lane;
+mod op;
+pub mod plan;
 pub mod reactor;
 #[cfg(feature = "safetensors")]
 pub mod safetensors;
 pub mod spdk;
-pub mod uring;
+mod target;
 
 pub use buf::aligned::AlignedBuf;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
@@ -70,13 +73,13 @@ pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]
 pub use file::StreamIo;
 pub use file::{File, OpenOptions};
-pub use reactor::read::ReadInto;
-pub use reactor::write::WriteFrom;
+pub use op::read::ReadInto;
+pub use op::write::WriteFrom;
 
 /// Checks that the `cargo fuzz` targets in `fuzz/` run against the request planner (built only
 /// under `--cfg fuzzing`; not part of the API).
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use crate::uring::plan::{check_read_plan, check_write_plan};
+    pub use crate::plan::{check_read_plan, check_write_plan};
 }

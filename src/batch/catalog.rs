@@ -7,7 +7,7 @@ use super::{BatchPlan, ReadDesc};
 use crate::buf::ReadDst;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::file::File;
-use crate::uring::plan::MAX_POS;
+use crate::plan::MAX_POS;
 
 /// `len` bytes of `file` at `offset`.
 #[derive(Debug, Clone)]

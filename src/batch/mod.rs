@@ -45,7 +45,7 @@ use std::future::Future;
 use crate::buf::{ReadDst, ReadTarget};
 use crate::error::{Error, OpKind, Result};
 use crate::file::File;
-use crate::uring::plan::MAX_POS;
+use crate::plan::MAX_POS;
 
 /// One range to read: `len` bytes of `file` at `offset`, to land at byte `dst_offset` of the
 /// batch's destination.

@@ -36,6 +36,8 @@ pub(crate) mod copy;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+pub(crate) mod event;
+#[cfg(feature = "cuda")]
 pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 mod sync;

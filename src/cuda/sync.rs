@@ -11,10 +11,12 @@ use std::task::{Context as TaskContext, Poll};
 
 use cudarc::driver::CudaStream;
 
-use super::copy::EventGate;
+use super::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::reactor::op::{NoTransfer, OpFuture, OpShared};
-use crate::reactor::{EngineShared, Gated, Msg};
+use crate::op::OpShared;
+use crate::op::future::{NoTransfer, OpFuture};
+use crate::op::gate::Gated;
+use crate::op::msg::{Msg, ReactorHandle};
 
 /// Future of [`Engine::synchronize`](crate::Engine::synchronize): resolves once the stream has
 /// finished everything queued on it before the call. Dropping it only stops the waiting.
@@ -31,7 +33,7 @@ impl Future for StreamSync {
 }
 
 /// Records an event on `stream` and hands it to the reactor.
-pub(crate) fn start(engine: &Arc<EngineShared>, stream: &CudaStream) -> StreamSync {
+pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamSync {
     let ctx = || Context::op(OpKind::Sync).with_backend("cuda");
     let ev = stream
         .context()

@@ -10,7 +10,7 @@ use super::sys::{
     BATCH_MODE, OP_READ, OP_WRITE, RawBatch, RawHandle, RawIoEvent, RawIoParams, STATUS_CANCELED,
     STATUS_COMPLETE, STATUS_FAILED, STATUS_INVALID, STATUS_TIMEOUT,
 };
-use crate::uring::Completion;
+use crate::lane::Completion;
 
 /// Most entries one submission carries (cuFile's default `max_batch_io_size`).
 pub(crate) const BATCH_MAX: usize = 128;

@@ -31,7 +31,6 @@
 pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod handle;
-pub(crate) mod lane;
 pub(crate) mod pool;
 pub(crate) mod stream;
 mod sys;

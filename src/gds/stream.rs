@@ -12,11 +12,12 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::driver::{CufileCode, check, cufile};
-use crate::cuda::copy::EventGate;
+use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::file::FileInner;
-use crate::reactor::op::OpShared;
-use crate::reactor::{EngineShared, Gated, Msg};
+use crate::op::OpShared;
+use crate::op::gate::Gated;
+use crate::op::msg::{Msg, ReactorHandle};
+use crate::target::Target;
 
 /// What cuFile reads and writes while the stream runs the operation.
 #[allow(dead_code)] // the offsets are read by cuFile through the pointers handed to it
@@ -31,7 +32,7 @@ pub(crate) struct StreamParams {
 pub(crate) struct StreamDone {
     pub(crate) shared: Arc<OpShared>,
     pub(crate) params: Box<StreamParams>,
-    pub(crate) file: Arc<FileInner>,
+    pub(crate) file: Arc<Target>,
     pub(crate) op: OpKind,
     pub(crate) offset: u64,
 }
@@ -93,8 +94,8 @@ impl StreamDone {
 /// `file` must carry a registered cuFile handle.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn enqueue(
-    engine: &Arc<EngineShared>,
-    file: &Arc<FileInner>,
+    engine: &Arc<ReactorHandle>,
+    file: &Arc<Target>,
     stream: &Arc<CudaStream>,
     dptr: u64,
     len: usize,

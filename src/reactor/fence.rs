@@ -28,13 +28,7 @@
 
 use std::collections::BTreeMap;
 
-/// The identity of what a file's pieces read and write: device and inode for files and block
-/// devices; a hash of the canonical name for NVMe namespaces reached through SPDK.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct FileKey {
-    pub(crate) dev: u64,
-    pub(crate) ino: u64,
-}
+use crate::target::FileKey;
 
 /// A piece's place in the fence: the widened range it covers and when it started.
 #[derive(Debug, Clone, Copy)]

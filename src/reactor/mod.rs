@@ -49,259 +49,28 @@
 //! memory go. A panic in the reactor fails every pending operation with `Error::ReactorDied`
 //! and leaks (never frees) memory the kernel may still write.
 
-pub(crate) mod doorbell;
 pub(crate) mod fence;
-pub(crate) mod op;
-pub(crate) mod read;
-pub(crate) mod write;
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use slab::Slab;
 
 use crate::buf::arena::{BounceArena, BounceSlot, SlotAllocator};
-use crate::error::{Context, Error, OpKind, Result};
-use crate::file::FileInner;
-use crate::uring::plan::{Piece, ReadPlan, Via, WritePlan};
-use crate::uring::{Completion, Driver, IoKind, IoRequest};
-use doorbell::Doorbell;
+use crate::error::{Context, Error, OpKind};
+use crate::lane::doorbell::Doorbell;
+use crate::lane::{Completion, Driver, IoKind, IoRequest};
+use crate::op::gate::{GateState, Gated};
+use crate::op::msg::{Msg, ReactorHandle};
+use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
+use crate::op::{OpShared, ReadyPiece};
+use crate::plan::{Piece, ReadPlan, Via, WritePlan};
+use crate::target::Target;
 use fence::{RangeFence, Ticket};
-use op::{OpShared, ReadyPiece};
-
-/// The device a transfer's caller memory lives on (`None`: host memory).
-#[cfg(feature = "cuda")]
-pub(crate) type DeviceHint = Option<Arc<cudarc::driver::CudaContext>>;
-/// Without CUDA every transfer is a host transfer.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type DeviceHint = Option<std::convert::Infallible>;
-
-/// The context type of a [`DeviceHint`].
-#[cfg(feature = "cuda")]
-pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
-#[cfg(not(feature = "cuda"))]
-pub(crate) type DeviceCtx = std::convert::Infallible;
-
-/// Caller memory the reactor owns for the length of a read (`File::read_owned`): the kernel
-/// reads straight into it, no bounce slot and no copy. The reactor holds `keep` (the owned
-/// buffer, whose heap memory `addr` points into) until the kernel is done with every piece,
-/// then hands it back through `OpShared`, or drops it if the future was dropped; it never
-/// frees it while a piece may still land (a dead reactor leaks it instead).
-pub(crate) struct OwnedTarget {
-    /// Address of the buffer's first byte (file offset `offset` of the read).
-    pub(crate) addr: usize,
-    pub(crate) keep: Box<dyn std::any::Any + Send>,
-}
-
-/// What the caller asked for.
-pub(crate) enum OpRequest {
-    Read {
-        file: Arc<FileInner>,
-        offset: u64,
-        len: u64,
-        device: DeviceHint,
-        /// Read straight into this owned buffer (host memory, aligned for the file).
-        owned: Option<OwnedTarget>,
-    },
-    Write {
-        file: Arc<FileInner>,
-        offset: u64,
-        len: u64,
-        device: DeviceHint,
-    },
-    Sync {
-        file: Arc<FileInner>,
-    },
-}
-
-impl OpRequest {
-    pub(crate) fn op_kind(&self) -> OpKind {
-        match self {
-            OpRequest::Read { .. } => OpKind::Read,
-            OpRequest::Write { .. } => OpKind::Write,
-            OpRequest::Sync { .. } => OpKind::Sync,
-        }
-    }
-
-    fn file(&self) -> &Arc<FileInner> {
-        match self {
-            OpRequest::Read { file, .. }
-            | OpRequest::Write { file, .. }
-            | OpRequest::Sync { file } => file,
-        }
-    }
-}
-
-/// A submission. If it is dropped unprocessed (the reactor is gone), its op fails with
-/// `Error::Shutdown` instead of leaving the future waiting forever.
-pub(crate) struct SubmitMsg {
-    pub(crate) shared: Option<Arc<OpShared>>,
-    pub(crate) req: Option<OpRequest>,
-}
-
-impl SubmitMsg {
-    /// Fails the op unprocessed with the error `why` makes of its context (once).
-    fn refuse(&mut self, why: impl FnOnce(Context) -> Error) {
-        if let Some(s) = self.shared.take() {
-            let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
-            if let Some(r) = &mut self.req {
-                ctx = ctx.with_path(&r.file().path);
-                // Never submitted: an owned buffer goes back untouched.
-                if let OpRequest::Read { owned, .. } = r {
-                    if let Some(o) = owned.take() {
-                        s.give_back(o.keep);
-                    }
-                }
-            }
-            s.complete(Err(why(ctx)));
-        }
-    }
-}
-
-impl Drop for SubmitMsg {
-    fn drop(&mut self) {
-        self.refuse(Error::shutdown);
-    }
-}
-
-/// Messages to the reactor.
-pub(crate) enum Msg {
-    Submit(SubmitMsg),
-    /// Read slots whose data the future has copied out.
-    Release(Arc<OpShared>, Vec<BounceSlot>),
-    /// Write slots the future has filled.
-    Filled(Arc<OpShared>, Vec<ReadyPiece>),
-    /// The future was dropped before completion.
-    Cancel(Arc<OpShared>),
-    /// Stop; complete the carried op (if any) when fully drained.
-    Shutdown(SubmitMsg),
-    /// Act on the inner message once the gate opens (a CUDA copy has finished with the slots).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    Gated(Gated),
-    /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
-    /// account for them, never reuse their slots.
-    Abandon(Arc<OpShared>, Vec<ReadyPiece>),
-    /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
-    #[cfg(feature = "cuda")]
-    StreamDone(crate::gds::stream::StreamDone),
-    /// A stream reached the event behind [`Engine::synchronize`](crate::Engine::synchronize)
-    /// (always behind a gate).
-    #[cfg(feature = "cuda")]
-    StreamIdle(Arc<OpShared>),
-    /// Tests only: panic at the next completion (with I/O in flight), to prove that a reactor
-    /// panic fails every pending future and leaves nothing hanging.
-    #[cfg(test)]
-    PanicAtNextCompletion,
-}
-
-impl Msg {
-    /// Completes, with `why`, an op the reactor does not track in its table (stream work
-    /// whose only record is this message), so its future cannot wait forever once the message
-    /// is dropped or leaked. Ops in the table are failed by the reactor itself.
-    fn fail_untracked(&self, why: &str) {
-        #[cfg(feature = "cuda")]
-        match self {
-            Msg::StreamDone(done) => done.shared.complete(Err(Error::cuda_msg(
-                Context::op(done.op).with_path(&done.file.path),
-                why,
-            ))),
-            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
-                Context::op(OpKind::Sync).with_backend("cuda"),
-                why,
-            ))),
-            Msg::Gated(g) => {
-                if let Some(m) = &g.inner {
-                    m.fail_untracked(why);
-                }
-            }
-            _ => {}
-        }
-        #[cfg(not(feature = "cuda"))]
-        let _ = (self, why);
-    }
-
-    /// Whether the reactor must be woken for this message. Slot returns and cancellations
-    /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
-    /// gated message is as urgent as the message behind its gate.
-    fn is_urgent(&self) -> bool {
-        match self {
-            Msg::Release(..) | Msg::Cancel(..) => false,
-            Msg::Gated(g) => g.inner.as_ref().is_some_and(|m| m.is_urgent()),
-            _ => true,
-        }
-    }
-}
-
-/// Something the reactor polls, never waits on, before acting (a CUDA event).
-pub(crate) trait Gate: Send {
-    fn poll(&self) -> GateState;
-}
-
-/// What a [`Gate`] says.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) enum GateState {
-    /// Done: act on the message.
-    Open,
-    /// Not yet.
-    Closed,
-    /// It will never tell: leak what the message holds.
-    Broken(String),
-}
-
-/// A message that must wait for a gate (a CUDA copy touching bounce slots) to open.
-///
-/// If it is dropped before the reactor acted on it (sent after the reactor exited, or left in
-/// the queue of a reactor that died) while the copy may still run, the bounce pool is kept
-/// mapped and pinned for good: a copy engine must never touch memory that was given back.
-pub(crate) struct Gated {
-    gate: Box<dyn Gate>,
-    inner: Option<Box<Msg>>,
-    arena: Arc<BounceArena>,
-    /// Other memory the gated work touches (the device staging pool).
-    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
-}
-
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-impl Gated {
-    pub(crate) fn new(gate: Box<dyn Gate>, inner: Msg, arena: &Arc<BounceArena>) -> Self {
-        Gated {
-            gate,
-            inner: Some(Box::new(inner)),
-            arena: arena.clone(),
-            keep: None,
-        }
-    }
-
-    /// Also keeps `mem` alive (forever) if the gated work may outlive the reactor.
-    pub(crate) fn keeping(mut self, mem: Option<Arc<dyn std::any::Any + Send + Sync>>) -> Self {
-        self.keep = mem;
-        self
-    }
-
-    /// The message behind the gate; the gate's copy is no longer this value's concern.
-    fn take(&mut self) -> Option<Msg> {
-        self.inner.take().map(|m| *m)
-    }
-}
-
-impl Drop for Gated {
-    fn drop(&mut self) {
-        if let Some(m) = &self.inner {
-            m.fail_untracked("the engine stopped before the CUDA work was seen to finish");
-        }
-        if self.inner.is_some() && !matches!(self.gate.poll(), GateState::Open) {
-            // The work may still run: leak the memory it touches and the message itself
-            // (stream operations keep their parameter block in it).
-            std::mem::forget(self.arena.clone());
-            std::mem::forget(self.keep.take());
-            std::mem::forget(self.inner.take());
-        }
-    }
-}
 
 /// Most bounce bytes one op may hold (a quarter of the pool), so a leaked future, whose slots
 /// are never given back, cannot take the whole pool.
@@ -317,79 +86,6 @@ const GATE_POLL_INTERVAL: Duration = Duration::from_micros(100);
 /// `cuEventQuery` per gate, on the context lock the futures' copies need, and a busy reactor
 /// turns many times per gate's life (measured: 4 KiB reads into GPU memory).
 const GATE_POLL_GAP: Duration = Duration::from_micros(25);
-
-/// The part of an engine every handle and future shares.
-pub(crate) struct EngineShared {
-    tx: Mutex<Option<Sender<Msg>>>,
-    pub(crate) doorbell: Arc<Doorbell>,
-    pub(crate) arena: Arc<BounceArena>,
-    pub(crate) dead: AtomicBool,
-    /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
-    pub(crate) death: std::sync::OnceLock<String>,
-    /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
-    #[cfg(test)]
-    pub(crate) turns: std::sync::atomic::AtomicUsize,
-}
-
-impl EngineShared {
-    pub(crate) fn new(tx: Sender<Msg>, doorbell: Arc<Doorbell>, arena: Arc<BounceArena>) -> Self {
-        EngineShared {
-            tx: Mutex::new(Some(tx)),
-            doorbell,
-            arena,
-            dead: AtomicBool::new(false),
-            death: std::sync::OnceLock::new(),
-            #[cfg(test)]
-            turns: std::sync::atomic::AtomicUsize::new(0),
-        }
-    }
-
-    /// The error for an operation the stopped engine cannot take: [`Error::ReactorDied`] with
-    /// the reason where the reactor died, [`Error::Shutdown`] after an orderly stop.
-    pub(crate) fn refusal(&self, ctx: Context) -> Error {
-        match self.death.get() {
-            Some(reason) => Error::ReactorDied {
-                ctx: Box::new(ctx),
-                reason: reason.clone(),
-            },
-            None => Error::shutdown(ctx),
-        }
-    }
-
-    /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
-    /// `SubmitMsg`'s `Drop`).
-    pub(crate) fn send(&self, msg: Msg) {
-        let urgent = msg.is_urgent();
-        let unsent = {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-            match tx.as_ref() {
-                Some(tx) => tx.send(msg).err().map(|e| e.0),
-                None => Some(msg),
-            }
-        };
-        if let Some(msg) = unsent {
-            // The reactor is gone: a submission fails now, naming the death where there was
-            // one (its Drop alone would say only "shut down").
-            if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
-                m.refuse(|ctx| self.refusal(ctx));
-            }
-        } else {
-            if urgent {
-                self.doorbell.ring();
-            } else {
-                self.doorbell.ring_if_starved();
-            }
-        }
-    }
-
-    /// Drops the sender (the reactor sees the channel close once every handle is gone).
-    /// Closes the channel and wakes the reactor, which then sees the disconnect, drains and
-    /// exits. Without the wake an idle reactor, asleep with no timeout, would never look.
-    pub(crate) fn close(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
-        self.doorbell.ring_always();
-    }
-}
 
 enum Plan {
     Read(ReadPlan),
@@ -430,7 +126,7 @@ impl Plan {
 
 struct OpEntry {
     shared: Arc<OpShared>,
-    file: Arc<FileInner>,
+    file: Arc<Target>,
     kind: OpKind,
     plan: Plan,
     offset: u64,
@@ -558,15 +254,15 @@ pub(crate) struct Reactor {
     /// sleeps, for `cfg.spin` after that while operations are open.
     last_work: Instant,
     shutdown_started: Option<Instant>,
-    engine: Arc<EngineShared>,
+    engine: Arc<ReactorHandle>,
     /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
     #[cfg(feature = "cuda")]
-    gds: Option<crate::gds::lane::GdsLane>,
+    gds: Option<crate::lane::cufile::GdsLane>,
     /// Why the cuFile lane could not be set up (asked once per engine).
     #[cfg(feature = "cuda")]
     gds_unavailable: Option<String>,
     /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
-    spdk: Option<crate::spdk::lane::SpdkLane>,
+    spdk: Option<crate::lane::spdk::SpdkLane>,
     #[cfg(test)]
     panic_armed: bool,
 }
@@ -579,7 +275,7 @@ impl Reactor {
     pub(crate) fn new(
         rx: Receiver<Msg>,
         driver: Driver,
-        engine: Arc<EngineShared>,
+        engine: Arc<ReactorHandle>,
         cfg: ReactorConfig,
     ) -> Self {
         let arena = engine.arena.clone();
@@ -1196,7 +892,7 @@ impl Reactor {
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
     fn choose_gds(
         &mut self,
-        file: &Arc<FileInner>,
+        file: &Arc<Target>,
         device: Option<&DeviceCtx>,
         shared: &Arc<OpShared>,
     ) -> std::result::Result<Option<(u64, &'static str)>, String> {
@@ -1226,14 +922,17 @@ impl Reactor {
     fn gds_lane(
         &mut self,
         ctx: &Arc<cudarc::driver::CudaContext>,
-    ) -> std::result::Result<&mut crate::gds::lane::GdsLane, String> {
+    ) -> std::result::Result<&mut crate::lane::cufile::GdsLane, String> {
         if self.gds.is_none() {
             if let Some(why) = &self.gds_unavailable {
                 return Err(why.clone());
             }
             let bytes = self.arena.block_size() * self.arena.blocks();
-            match crate::gds::lane::GdsLane::new(ctx, self.arena.block_size(), self.arena.blocks())
-            {
+            match crate::lane::cufile::GdsLane::new(
+                ctx,
+                self.arena.block_size(),
+                self.arena.blocks(),
+            ) {
                 Ok(l) => {
                     tracing::info!(bytes, device = ctx.ordinal(), "gpuio cuFile lane ready");
                     self.gds = Some(l);
@@ -1589,10 +1288,10 @@ impl Reactor {
             let (pos, len) = (io.piece.pos + io.done as u64, io.piece.len - io.done);
             let ns = ns.clone();
             self.spdk
-                .get_or_insert_with(crate::spdk::lane::SpdkLane::new)
+                .get_or_insert_with(crate::lane::spdk::SpdkLane::new)
                 .submit(
                     &ns,
-                    crate::spdk::lane::LaneIo {
+                    crate::lane::spdk::LaneIo {
                         token: token as u64,
                         kind,
                         partial,
@@ -1827,14 +1526,10 @@ impl Reactor {
     }
 }
 
-/// Result of a read or write as the caller sees it.
-pub(crate) fn to_usize(r: Result<u64>) -> Result<usize> {
-    r.map(|n| n as usize)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::op::gate::Gate;
 
     struct FixedGate(fn() -> GateState);
 

@@ -85,7 +85,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
         (Some(p), Rw::Read) if needs_file => {
             let f = validate::open_data_file(p, BENCH_FILES)?;
             // A block device's metadata says 0 bytes; the library asks the device.
-            let len = gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&f))
+            let len = gpuio::plan::align::file_len(std::os::fd::AsFd::as_fd(&f))
                 .map_err(|e| format!("{}: {e}", p.display()))?;
             Some(len)
         }
@@ -144,7 +144,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
         _ if !needs_file => nvme_span,
         Rw::Read => match given_len {
             Some(len) => len.min(a.size.0),
-            None => gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(
+            None => gpuio::plan::align::file_len(std::os::fd::AsFd::as_fd(
                 &std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?,
             ))
             .map_err(|e| format!("{}: {e}", path.display()))?,

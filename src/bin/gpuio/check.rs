@@ -44,7 +44,7 @@ pub fn run(path: Option<PathBuf>) -> CliResult {
     }
     outln!("gpuio {}", env!("CARGO_PKG_VERSION"))?;
 
-    let u = gpuio::uring::probe();
+    let u = gpuio::lane::uring::probe();
     match u.flags {
         Some(f) => outln!("io_uring: available, setup flags {f}")?,
         None => outln!("io_uring: UNAVAILABLE")?,
@@ -209,7 +209,7 @@ impl Probe {
         // Files are not created where they cannot be (a read-only mount) or mean nothing (a
         // pseudo filesystem such as /proc or /sys, where gpuio reads no files anyway).
         match fs_of_dir(path) {
-            Ok((fs, _)) if gpuio::uring::align::is_pseudo_filesystem(&fs) => {
+            Ok((fs, _)) if gpuio::plan::align::is_pseudo_filesystem(&fs) => {
                 return Probe::None(format!(
                     "{fs} is a pseudo filesystem: its files are generated when read, and gpuio \
                      does not read them"
@@ -271,7 +271,7 @@ impl Probe {
 /// The filesystem a directory is on, by name, and whether it is mounted read-only.
 fn fs_of_dir(dir: &Path) -> std::io::Result<(String, bool)> {
     let d = std::fs::File::open(dir)?;
-    let fs = gpuio::uring::align::filesystem_name(d.as_fd())?;
+    let fs = gpuio::plan::align::filesystem_name(d.as_fd())?;
     // SAFETY: plain output struct.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: the descriptor is live and `st` is valid for writes.
@@ -290,7 +290,7 @@ fn report_path(path: &Path, probe: &Probe) -> CliResult {
         .open(path)
         .map_err(|e| format!("{name}: {e}"))?;
     let fs =
-        gpuio::uring::align::filesystem_name(own.as_fd()).map_err(|e| format!("{name}: {e}"))?;
+        gpuio::plan::align::filesystem_name(own.as_fd()).map_err(|e| format!("{name}: {e}"))?;
     outln!("path {name}: filesystem {fs}")?;
     let probe_path = match probe.file() {
         Ok(p) => p,
@@ -308,7 +308,7 @@ fn report_path(path: &Path, probe: &Probe) -> CliResult {
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(probe_path)
         .map_err(|e| format!("{}: {e}", probe_path.display()))?;
-    match gpuio::uring::align::query(f.as_fd()).map_err(|e| format!("{name}: {e}"))? {
+    match gpuio::plan::align::query(f.as_fd()).map_err(|e| format!("{name}: {e}"))? {
         Some(a) => outln!(
             "  O_DIRECT alignment: memory {} B, offset {} B ({})",
             a.memory,

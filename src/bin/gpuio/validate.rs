@@ -161,8 +161,8 @@ pub fn open_data_file(path: &Path, purpose: &str) -> Result<std::fs::File, Strin
     refuse_unless_data(path, meta.file_type(), purpose)?;
     if meta.is_file() {
         let fs =
-            gpuio::uring::align::filesystem_name(f.as_fd()).map_err(|e| format!("{name}: {e}"))?;
-        if gpuio::uring::align::is_pseudo_filesystem(&fs) {
+            gpuio::plan::align::filesystem_name(f.as_fd()).map_err(|e| format!("{name}: {e}"))?;
+        if gpuio::plan::align::is_pseudo_filesystem(&fs) {
             return Err(format!(
                 "{name} is a file of {fs}, a pseudo filesystem (generated when read, no size \
                  to speak of): {purpose}"

@@ -5,7 +5,7 @@
 //! the block device's logical block size is used, and failing that the page size, which every
 //! Linux filesystem that supports O_DIRECT accepts.
 
-use crate::reactor::fence::FileKey;
+use crate::target::FileKey;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};

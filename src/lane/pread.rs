@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use super::{Completion, IoKind, IoRequest};
-use crate::reactor::doorbell::Doorbell;
+use crate::lane::doorbell::Doorbell;
 
 /// An [`IoRequest`] on its way to a worker thread.
 struct Job(IoRequest);

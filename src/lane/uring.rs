@@ -330,3 +330,37 @@ impl UringDriver {
         Ok(())
     }
 }
+
+/// What `gpuio check` reports about io_uring on this machine.
+#[derive(Debug, Clone)]
+pub struct UringProbe {
+    /// Whether a ring could be created.
+    pub available: bool,
+    /// The setup flags the kernel accepted.
+    pub flags: Option<RingFlags>,
+    /// Refused flag sets and other notes.
+    pub notes: Vec<String>,
+    /// `kernel.io_uring_disabled`, where readable.
+    pub disabled_sysctl: Option<String>,
+}
+
+/// Tries to set up a small ring the way the engine would.
+pub fn probe() -> UringProbe {
+    let disabled_sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .ok()
+        .map(|s| s.trim().to_string());
+    match setup_ring(8) {
+        Ok((_ring, flags, notes)) => UringProbe {
+            available: true,
+            flags: Some(flags),
+            notes,
+            disabled_sysctl,
+        },
+        Err(e) => UringProbe {
+            available: false,
+            flags: None,
+            notes: vec![e.to_string()],
+            disabled_sysctl,
+        },
+    }
+}

@@ -6,10 +6,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
-use super::Msg;
 #[cfg(not(feature = "cuda"))]
-use super::op::NoTransfer;
-use super::op::{Either, OpFuture, OpShared, ReadyPiece, Transfer};
+use super::future::NoTransfer;
+use super::future::{Either, OpFuture, Transfer};
+use super::msg::Msg;
+use super::{OpShared, ReadyPiece};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 

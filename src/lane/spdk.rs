@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use super::ctrlr::{Namespace, Qpair};
-use super::env::DmaRegion;
-use super::sys::RawCpl;
-use crate::uring::{Completion, IoKind};
+use crate::lane::{Completion, IoKind};
+use crate::spdk::ctrlr::{Namespace, Qpair};
+use crate::spdk::env::DmaRegion;
+use crate::spdk::sys::RawCpl;
 
 /// What one command does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -498,7 +498,10 @@ impl SpdkLane {
             if rc < 0 {
                 self.fail_queue(
                     qi,
-                    format!("the connection failed ({})", super::ctrlr::errno_name(-rc)),
+                    format!(
+                        "the connection failed ({})",
+                        crate::spdk::ctrlr::errno_name(-rc)
+                    ),
                 );
                 continue;
             }

@@ -1,15 +1,18 @@
-//! The kernel I/O paths: io_uring (preferred) and a pread/pwrite thread pool (fallback), behind
-//! one `Driver` the reactor submits chunk I/O to; request planning and O_DIRECT alignment.
+//! Lanes: the backends the reactor hands chunk I/O to. The main lane is the kernel interface,
+//! io_uring (`uring`, preferred) or a pread/pwrite thread pool (`pread`, fallback); beside it
+//! run cuFile batch I/O into device staging slots (`cufile`) and SPDK NVMe queue pairs
+//! (`spdk`). A lane sees pieces of I/O (a token, a target, a range, memory) and reports
+//! completions by token; it never sees the op table.
 
-pub mod align;
-pub(crate) mod plan;
+#[cfg(feature = "cuda")]
+pub(crate) mod cufile;
+pub(crate) mod doorbell;
 pub(crate) mod pread;
-pub(crate) mod ring;
+pub(crate) mod spdk;
+pub mod uring;
 
 use std::io;
 use std::os::fd::RawFd;
-
-pub use ring::RingFlags;
 
 /// What one chunk I/O does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +49,7 @@ pub(crate) struct Completion {
 /// The reactor's kernel interface. One per engine, so the size difference does not matter.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Driver {
-    Uring(ring::UringDriver),
+    Uring(uring::UringDriver),
     Pread(pread::PreadDriver),
 }
 
@@ -88,39 +91,5 @@ impl Driver {
             Driver::Uring(d) => d.wait(block, timeout, out),
             Driver::Pread(d) => d.wait(block, timeout, out),
         }
-    }
-}
-
-/// What `gpuio check` reports about io_uring on this machine.
-#[derive(Debug, Clone)]
-pub struct UringProbe {
-    /// Whether a ring could be created.
-    pub available: bool,
-    /// The setup flags the kernel accepted.
-    pub flags: Option<RingFlags>,
-    /// Refused flag sets and other notes.
-    pub notes: Vec<String>,
-    /// `kernel.io_uring_disabled`, where readable.
-    pub disabled_sysctl: Option<String>,
-}
-
-/// Tries to set up a small ring the way the engine would.
-pub fn probe() -> UringProbe {
-    let disabled_sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
-        .ok()
-        .map(|s| s.trim().to_string());
-    match ring::setup_ring(8) {
-        Ok((_ring, flags, notes)) => UringProbe {
-            available: true,
-            flags: Some(flags),
-            notes,
-            disabled_sysctl,
-        },
-        Err(e) => UringProbe {
-            available: false,
-            flags: None,
-            notes: vec![e.to_string()],
-            disabled_sysctl,
-        },
     }
 }

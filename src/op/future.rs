@@ -1,126 +1,16 @@
-//! One operation as both sides see it: [`OpShared`] (the handshake between a future and the
-//! reactor) and [`OpFuture`] (the caller's side, generic over how data crosses into or out of
-//! caller memory).
+//! [`OpFuture`]: the caller's side of one operation, and [`Transfer`], how its data crosses
+//! into or out of caller memory.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 
-use super::{EngineShared, Msg, OpRequest, SubmitMsg};
-use crate::buf::arena::{BounceArena, BounceSlot};
+use super::msg::{Msg, ReactorHandle, SubmitMsg};
+use super::request::OpRequest;
+use super::{OpShared, ReadyPiece};
+use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::uring::plan::Piece;
-
-/// A piece of an operation handed to its future: read data waiting to be copied out, or an
-/// empty slot waiting to be filled with data to write.
-#[derive(Debug)]
-pub(crate) struct ReadyPiece {
-    pub(crate) piece: Piece,
-    /// Bytes of the slot that hold file data at `piece.pos` (reads), or must be filled (writes).
-    pub(crate) valid: usize,
-    pub(crate) slot: BounceSlot,
-}
-
-impl ReadyPiece {
-    /// Where this piece's valid bytes meet the caller's range: file bytes
-    /// `[offset, offset + len)` held by the caller's buffer. Returns (offset in the slot,
-    /// offset in the caller's buffer, bytes), or `None` if they do not meet.
-    pub(crate) fn overlap(&self, offset: u64, len: usize) -> Option<(usize, u64, usize)> {
-        let start = self.piece.pos.max(offset);
-        let end = (self.piece.pos + self.valid as u64).min(offset + len as u64);
-        (start < end).then(|| {
-            (
-                (start - self.piece.pos) as usize,
-                start - offset,
-                (end - start) as usize,
-            )
-        })
-    }
-}
-
-/// State behind the mutex.
-#[derive(Default)]
-pub(crate) struct OpState {
-    waker: Option<Waker>,
-    ready: Vec<ReadyPiece>,
-    result: Option<Result<u64>>,
-    /// An owned buffer handed back by the reactor (set before the result).
-    owned: Option<Box<dyn std::any::Any + Send>>,
-}
-
-/// The rendezvous of one operation.
-pub(crate) struct OpShared {
-    /// Reactor-assigned slab key (usize::MAX until the reactor accepted the op).
-    pub(crate) key: AtomicUsize,
-    state: Mutex<OpState>,
-    /// The device staging pool, for ops whose pieces cuFile moves (set by the reactor before
-    /// it hands over any device slot).
-    #[cfg(feature = "cuda")]
-    pub(crate) staging: std::sync::OnceLock<Arc<crate::gds::pool::StagingPool>>,
-}
-
-impl OpShared {
-    pub(crate) fn new() -> Arc<Self> {
-        Arc::new(OpShared {
-            key: AtomicUsize::new(usize::MAX),
-            state: Mutex::new(OpState::default()),
-            #[cfg(feature = "cuda")]
-            staging: std::sync::OnceLock::new(),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, OpState> {
-        // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn key(&self) -> usize {
-        self.key.load(Ordering::Relaxed)
-    }
-
-    /// Reactor: hand a piece to the future. Wakes it if it was waiting.
-    pub(crate) fn push_ready(&self, p: ReadyPiece) {
-        let waker = {
-            let mut st = self.lock();
-            st.ready.push(p);
-            st.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-
-    /// Reactor: hands an owned buffer back, once no I/O can touch it (before `complete`).
-    pub(crate) fn give_back(&self, buf: Box<dyn std::any::Any + Send>) {
-        self.lock().owned = Some(buf);
-    }
-
-    /// Future: the owned buffer the reactor handed back, if it did.
-    pub(crate) fn take_back(&self) -> Option<Box<dyn std::any::Any + Send>> {
-        self.lock().owned.take()
-    }
-
-    /// Reactor: take back pieces the future has not picked up (cancel, shutdown).
-    pub(crate) fn reclaim_ready(&self) -> Vec<ReadyPiece> {
-        std::mem::take(&mut self.lock().ready)
-    }
-
-    /// Sets the result (first one wins) and wakes the future.
-    pub(crate) fn complete(&self, r: Result<u64>) {
-        let waker = {
-            let mut st = self.lock();
-            if st.result.is_none() {
-                st.result = Some(r);
-            }
-            st.waker.take()
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
 
 /// How a future moves data between bounce slots and caller memory.
 pub(crate) trait Transfer: Send + Unpin {
@@ -203,7 +93,7 @@ const MAX_ROUNDS_PER_POLL: usize = 8;
 
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
-    engine: Arc<EngineShared>,
+    engine: Arc<ReactorHandle>,
     stage: Stage,
     transfer: T,
     op: OpKind,
@@ -216,7 +106,7 @@ impl<T: Transfer> OpFuture<T> {
     }
 
     /// A future for `req`, sent on first poll.
-    pub(crate) fn new(engine: Arc<EngineShared>, req: OpRequest, transfer: T) -> Self {
+    pub(crate) fn new(engine: Arc<ReactorHandle>, req: OpRequest, transfer: T) -> Self {
         let op = req.op_kind();
         let msg = Msg::Submit(SubmitMsg {
             shared: None,
@@ -227,7 +117,7 @@ impl<T: Transfer> OpFuture<T> {
 
     /// A future for a message that carries the op's `OpShared` (shutdown).
     pub(crate) fn with_message(
-        engine: Arc<EngineShared>,
+        engine: Arc<ReactorHandle>,
         op: OpKind,
         transfer: T,
         msg: Msg,
@@ -244,7 +134,7 @@ impl<T: Transfer> OpFuture<T> {
     /// it waits for `shared` to complete.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn running(
-        engine: Arc<EngineShared>,
+        engine: Arc<ReactorHandle>,
         op: OpKind,
         transfer: T,
         shared: Arc<OpShared>,
@@ -259,7 +149,7 @@ impl<T: Transfer> OpFuture<T> {
 
     /// A future that is already finished with `r` (validation failures, empty requests).
     pub(crate) fn ready(
-        engine: Arc<EngineShared>,
+        engine: Arc<ReactorHandle>,
         op: OpKind,
         transfer: T,
         r: Result<u64>,

@@ -15,6 +15,8 @@
 //! fsync, "Page cache invalidation failure" in the kernel log). Writers that need O_DIRECT
 //! and overlap pages concurrently should align their own writes to pages.
 
+pub mod align;
+
 /// Which descriptor of a file a piece goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Via {

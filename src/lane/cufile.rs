@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaContext;
 
-use super::batch::BatchQueue;
-use super::driver::cufile;
-use super::pool::StagingPool;
 use crate::buf::arena::SlotAllocator;
+use crate::gds::batch::BatchQueue;
+use crate::gds::driver::cufile;
+use crate::gds::pool::StagingPool;
 
 /// Batch handles one engine may use at once (each carries one submission of up to 128 entries).
 const BATCH_HANDLES: usize = 16;

@@ -1,0 +1,120 @@
+//! CUDA events as the reactor sees them: [`EventGate`], an event it polls (never waits on)
+//! before acting on the message behind it, and [`EVENT_POOL`], completed events kept for reuse.
+
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use crate::op::gate::{Gate, GateState};
+
+/// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
+/// An event seen complete goes back to [`EVENT_POOL`] when the gate is dropped.
+pub(crate) struct EventGate {
+    event: Option<CudaEvent>,
+    passed: std::sync::atomic::AtomicBool,
+}
+
+impl EventGate {
+    pub(crate) fn new(event: CudaEvent) -> Self {
+        EventGate {
+            event: Some(event),
+            passed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+impl Gate for EventGate {
+    fn poll(&self) -> GateState {
+        let Some(ev) = self.event.as_ref() else {
+            return GateState::Broken("event gone".into());
+        };
+        if let Err(e) = ev.context().bind_to_thread() {
+            return GateState::Broken(format!("{e:?}"));
+        }
+        // SAFETY: the event is alive (owned by self) and belongs to the bound context.
+        match unsafe { sys::cuEventQuery(ev.cu_event()) } {
+            CUresult::CUDA_SUCCESS => {
+                self.passed
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                GateState::Open
+            }
+            CUresult::CUDA_ERROR_NOT_READY => GateState::Closed,
+            other => GateState::Broken(format!("cuEventQuery: {other:?}")),
+        }
+    }
+}
+
+impl Drop for EventGate {
+    fn drop(&mut self) {
+        // Only an event known to have completed is reused: re-recording a pending one is legal
+        // but would hide nothing worth the risk.
+        if let Some(ev) = self.event.take() {
+            if self.passed.load(std::sync::atomic::Ordering::Relaxed) {
+                EVENT_POOL.put(ev);
+            }
+        }
+    }
+}
+
+/// Completed CUDA events kept for reuse, per context: each small copy needs an event, and
+/// creating and destroying one per piece cost two driver calls on the context lock that the
+/// copies themselves need (BENCHMARKS.md, 4 KiB reads into GPU memory: 2.1x with the pool).
+/// Kept events hold their context (as any cudarc event does), so a context gpuio has copied
+/// into stays retained for the process's life; a context that was reset is forgotten at the
+/// first failed record.
+pub(crate) static EVENT_POOL: EventPool = EventPool {
+    free: std::sync::Mutex::new(Vec::new()),
+};
+
+/// See [`EVENT_POOL`].
+pub(crate) struct EventPool {
+    /// `(CUcontext as usize, events of that context)`; one entry per context used.
+    free: std::sync::Mutex<Vec<(usize, Vec<CudaEvent>)>>,
+}
+
+/// Events kept per context at most (about as many as copies in flight).
+const EVENT_POOL_MAX: usize = 4096;
+
+impl EventPool {
+    /// An event recorded on `stream` now: a kept one of the stream's context, or a new one.
+    pub(crate) fn record(
+        &self,
+        stream: &CudaStream,
+    ) -> Result<CudaEvent, cudarc::driver::DriverError> {
+        let key = stream.context().cu_ctx() as usize;
+        let kept = {
+            let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            free.iter_mut()
+                .find(|(k, _)| *k == key)
+                .and_then(|(_, v)| v.pop())
+        };
+        let ev = match kept {
+            Some(ev) => ev,
+            None => stream.context().new_event(None)?,
+        };
+        match ev.record(stream) {
+            Ok(()) => Ok(ev),
+            Err(e) => {
+                // The context may be gone (reset): none of its kept events is usable.
+                let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                free.retain(|(k, _)| *k != key);
+                Err(e)
+            }
+        }
+    }
+
+    fn put(&self, ev: CudaEvent) {
+        let key = ev.context().cu_ctx() as usize;
+        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = match free.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                free.push((key, Vec::new()));
+                free.len() - 1
+            }
+        };
+        let list = &mut free[slot].1;
+        if list.len() < EVENT_POOL_MAX {
+            list.push(ev);
+        }
+    }
+}

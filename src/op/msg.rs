@@ -1,0 +1,188 @@
+//! The messages futures (and the engine) send the reactor, and [`ReactorHandle`], the sending
+//! side every engine handle and future shares: an MPSC queue plus the doorbell that wakes a
+//! sleeping reactor.
+
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use super::gate::Gated;
+use super::request::OpRequest;
+use super::{OpShared, ReadyPiece};
+use crate::buf::arena::{BounceArena, BounceSlot};
+use crate::error::{Context, Error, OpKind};
+use crate::lane::doorbell::Doorbell;
+
+/// `Error::Shutdown` instead of leaving the future waiting forever.
+/// A submission. If it is dropped unprocessed (the reactor is gone), its op fails with
+/// `Error::Shutdown` instead of leaving the future waiting forever.
+pub(crate) struct SubmitMsg {
+    pub(crate) shared: Option<Arc<OpShared>>,
+    pub(crate) req: Option<OpRequest>,
+}
+
+impl SubmitMsg {
+    /// Fails the op unprocessed with the error `why` makes of its context (once).
+    pub(crate) fn refuse(&mut self, why: impl FnOnce(Context) -> Error) {
+        if let Some(s) = self.shared.take() {
+            let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
+            if let Some(r) = &mut self.req {
+                ctx = ctx.with_path(&r.file().path);
+                // Never submitted: an owned buffer goes back untouched.
+                if let OpRequest::Read { owned, .. } = r {
+                    if let Some(o) = owned.take() {
+                        s.give_back(o.keep);
+                    }
+                }
+            }
+            s.complete(Err(why(ctx)));
+        }
+    }
+}
+
+impl Drop for SubmitMsg {
+    fn drop(&mut self) {
+        self.refuse(Error::shutdown);
+    }
+}
+
+/// Messages to the reactor.
+pub(crate) enum Msg {
+    Submit(SubmitMsg),
+    /// Read slots whose data the future has copied out.
+    Release(Arc<OpShared>, Vec<BounceSlot>),
+    /// Write slots the future has filled.
+    Filled(Arc<OpShared>, Vec<ReadyPiece>),
+    /// The future was dropped before completion.
+    Cancel(Arc<OpShared>),
+    /// Stop; complete the carried op (if any) when fully drained.
+    Shutdown(SubmitMsg),
+    /// Act on the inner message once the gate opens (a CUDA copy has finished with the slots).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Gated(Gated),
+    /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
+    /// account for them, never reuse their slots.
+    Abandon(Arc<OpShared>, Vec<ReadyPiece>),
+    /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
+    #[cfg(feature = "cuda")]
+    StreamDone(crate::gds::stream::StreamDone),
+    /// A stream reached the event behind [`Engine::synchronize`](crate::Engine::synchronize)
+    /// (always behind a gate).
+    #[cfg(feature = "cuda")]
+    StreamIdle(Arc<OpShared>),
+    /// Tests only: panic at the next completion (with I/O in flight), to prove that a reactor
+    /// panic fails every pending future and leaves nothing hanging.
+    #[cfg(test)]
+    PanicAtNextCompletion,
+}
+
+impl Msg {
+    /// Completes, with `why`, an op the reactor does not track in its table (stream work
+    /// whose only record is this message), so its future cannot wait forever once the message
+    /// is dropped or leaked. Ops in the table are failed by the reactor itself.
+    pub(crate) fn fail_untracked(&self, why: &str) {
+        #[cfg(feature = "cuda")]
+        match self {
+            Msg::StreamDone(done) => done.shared.complete(Err(Error::cuda_msg(
+                Context::op(done.op).with_path(&done.file.path),
+                why,
+            ))),
+            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
+                Context::op(OpKind::Sync).with_backend("cuda"),
+                why,
+            ))),
+            Msg::Gated(g) => {
+                if let Some(m) = &g.inner {
+                    m.fail_untracked(why);
+                }
+            }
+            _ => {}
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = (self, why);
+    }
+
+    /// Whether the reactor must be woken for this message. Slot returns and cancellations
+    /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
+    /// gated message is as urgent as the message behind its gate.
+    pub(crate) fn is_urgent(&self) -> bool {
+        match self {
+            Msg::Release(..) | Msg::Cancel(..) => false,
+            Msg::Gated(g) => g.inner.as_ref().is_some_and(|m| m.is_urgent()),
+            _ => true,
+        }
+    }
+}
+
+/// The part of an engine every handle and future shares.
+pub(crate) struct ReactorHandle {
+    tx: Mutex<Option<Sender<Msg>>>,
+    pub(crate) doorbell: Arc<Doorbell>,
+    pub(crate) arena: Arc<BounceArena>,
+    pub(crate) dead: AtomicBool,
+    /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
+    pub(crate) death: std::sync::OnceLock<String>,
+    /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
+    #[cfg(test)]
+    pub(crate) turns: std::sync::atomic::AtomicUsize,
+}
+
+impl ReactorHandle {
+    pub(crate) fn new(tx: Sender<Msg>, doorbell: Arc<Doorbell>, arena: Arc<BounceArena>) -> Self {
+        ReactorHandle {
+            tx: Mutex::new(Some(tx)),
+            doorbell,
+            arena,
+            dead: AtomicBool::new(false),
+            death: std::sync::OnceLock::new(),
+            #[cfg(test)]
+            turns: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The error for an operation the stopped engine cannot take: [`Error::ReactorDied`] with
+    /// the reason where the reactor died, [`Error::Shutdown`] after an orderly stop.
+    pub(crate) fn refusal(&self, ctx: Context) -> Error {
+        match self.death.get() {
+            Some(reason) => Error::ReactorDied {
+                ctx: Box::new(ctx),
+                reason: reason.clone(),
+            },
+            None => Error::shutdown(ctx),
+        }
+    }
+
+    /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
+    /// `SubmitMsg`'s `Drop`).
+    pub(crate) fn send(&self, msg: Msg) {
+        let urgent = msg.is_urgent();
+        let unsent = {
+            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
+            match tx.as_ref() {
+                Some(tx) => tx.send(msg).err().map(|e| e.0),
+                None => Some(msg),
+            }
+        };
+        if let Some(msg) = unsent {
+            // The reactor is gone: a submission fails now, naming the death where there was
+            // one (its Drop alone would say only "shut down").
+            if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
+                m.refuse(|ctx| self.refusal(ctx));
+            }
+        } else {
+            if urgent {
+                self.doorbell.ring();
+            } else {
+                self.doorbell.ring_if_starved();
+            }
+        }
+    }
+
+    /// Drops the sender (the reactor sees the channel close once every handle is gone).
+    /// Closes the channel and wakes the reactor, which then sees the disconnect, drains and
+    /// exits. Without the wake an idle reactor, asleep with no timeout, would never look.
+    pub(crate) fn close(&self) {
+        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.doorbell.ring_always();
+    }
+}

@@ -1,0 +1,70 @@
+//! What a caller asks of the reactor: one read, write or sync of a [`Target`], and the device
+//! its memory lives on.
+
+use std::sync::Arc;
+
+use crate::error::OpKind;
+use crate::target::Target;
+
+/// The device a transfer's caller memory lives on (`None`: host memory).
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceHint = Option<Arc<cudarc::driver::CudaContext>>;
+/// Without CUDA every transfer is a host transfer.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type DeviceHint = Option<std::convert::Infallible>;
+
+/// The context type of a [`DeviceHint`].
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
+#[cfg(not(feature = "cuda"))]
+pub(crate) type DeviceCtx = std::convert::Infallible;
+
+/// Caller memory the reactor owns for the length of a read (`File::read_owned`): the kernel
+/// reads straight into it, no bounce slot and no copy. The reactor holds `keep` (the owned
+/// buffer, whose heap memory `addr` points into) until the kernel is done with every piece,
+/// then hands it back through `OpShared`, or drops it if the future was dropped; it never
+/// frees it while a piece may still land (a dead reactor leaks it instead).
+pub(crate) struct OwnedTarget {
+    /// Address of the buffer's first byte (file offset `offset` of the read).
+    pub(crate) addr: usize,
+    pub(crate) keep: Box<dyn std::any::Any + Send>,
+}
+
+/// What the caller asked for.
+pub(crate) enum OpRequest {
+    Read {
+        file: Arc<Target>,
+        offset: u64,
+        len: u64,
+        device: DeviceHint,
+        /// Read straight into this owned buffer (host memory, aligned for the file).
+        owned: Option<OwnedTarget>,
+    },
+    Write {
+        file: Arc<Target>,
+        offset: u64,
+        len: u64,
+        device: DeviceHint,
+    },
+    Sync {
+        file: Arc<Target>,
+    },
+}
+
+impl OpRequest {
+    pub(crate) fn op_kind(&self) -> OpKind {
+        match self {
+            OpRequest::Read { .. } => OpKind::Read,
+            OpRequest::Write { .. } => OpKind::Write,
+            OpRequest::Sync { .. } => OpKind::Sync,
+        }
+    }
+
+    pub(crate) fn file(&self) -> &Arc<Target> {
+        match self {
+            OpRequest::Read { file, .. }
+            | OpRequest::Write { file, .. }
+            | OpRequest::Sync { file } => file,
+        }
+    }
+}
