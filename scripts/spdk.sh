@@ -13,18 +13,34 @@
 #   scripts/spdk.sh perf ARGS...       run SPDK's own `perf` example from the cache
 #   scripts/spdk.sh bundle DIR         copy what a machine without a compiler needs into DIR
 #
-# Where things live: GPUIO_SPDK_HOME (default ~/.cache/gpuio/spdk-20.07) holds lib/, bin/ and
-# the stamp of a finished build; runtime files (logs, pid files, configs) go to
-# GPUIO_SPDK_RUN (default /tmp/gpuio-spdk). A bundle made with `bundle` is a GPUIO_SPDK_HOME:
-# point the variable at it and `start`/`perf`/`env` work there without building.
+# Where things live: GPUIO_SPDK_HOME (default ~/.cache/gpuio/spdk-20.07-x86-64-v2) holds lib/,
+# bin/, the CPU target it was built for (TARGET) and the stamp of a finished build (BUILT);
+# runtime files (logs, pid files, configs) go to GPUIO_SPDK_RUN (default /tmp/gpuio-spdk). A
+# bundle made with `bundle` is a GPUIO_SPDK_HOME: point the variable at it and
+# `start`/`perf`/`env` work there without building.
+#
+# CPU target: SPDK's configure defaults to -march=native and hands the same machine to its
+# DPDK (meson -Dmachine), so a build made on one machine can die with SIGILL (or DPDK's own
+# "does not support AVX512F" refusal) on another: the GPU bundle carries this build. It is
+# built for GPUIO_SPDK_TARGET (default x86-64-v2: SSE4.2, SSSE3, POPCNT, CMPXCHG16B), the
+# lowest that works: DPDK 20.05 requires SSE4.2 on x86 (it adds -msse4 to its own flags and
+# checks the CPU at start), and SPDK's own sources include DPDK's rte_memcpy.h, whose SSE
+# path uses SSSE3 intrinsics that do not compile under plain -march=x86-64. The target is
+# part of the default home's and the build tree's names and is checked against TARGET, so a
+# build for another target (the native builds of earlier versions of this script, in
+# ~/.cache/gpuio/spdk-20.07) is never reused. gpuio's default search path
+# (src/spdk/sys.rs) names the default target's home; for another target set GPUIO_SPDK_HOME.
 #
 # SPDK comes from Debian's ceph source package (trixie), which ships SPDK 20.07 with its DPDK
 # under src/spdk (see ../shared/ENVIRONMENT.md). No SPDK source is kept in this repository.
 set -euo pipefail
 
-SPDK_HOME=${GPUIO_SPDK_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuio/spdk-20.07}
+TARGET=${GPUIO_SPDK_TARGET:-x86-64-v2}
+SPDK_HOME=${GPUIO_SPDK_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuio/spdk-20.07-$TARGET}
 RUN_DIR=${GPUIO_SPDK_RUN:-/tmp/gpuio-spdk}
+# Downloads (dl/) are shared; each target configures and builds in its own tree (build-TARGET/).
 WORK=${GPUIO_SPDK_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/gpuio/spdk-work}
+TREE=$WORK/build-$TARGET
 MIRROR=${GPUIO_SPDK_MIRROR:-http://deb.debian.org/debian}
 DEFAULT_PORT=4420
 NQN_PREFIX=nqn.2016-06.io.spdk:gpuio
@@ -32,7 +48,19 @@ NQN_PREFIX=nqn.2016-06.io.spdk:gpuio
 die() { echo "spdk.sh: $*" >&2; exit 1; }
 log() { echo "spdk.sh: $*" >&2; }
 
-have_build() { [[ -f "$SPDK_HOME/BUILT" && -f "$SPDK_HOME/lib/libspdk_gpuio.so" && -x "$SPDK_HOME/bin/nvmf_tgt" ]]; }
+have_build() {
+    [[ -f "$SPDK_HOME/BUILT" && -f "$SPDK_HOME/lib/libspdk_gpuio.so" && -x "$SPDK_HOME/bin/nvmf_tgt" &&
+        "$(cat "$SPDK_HOME/TARGET" 2>/dev/null)" == "$TARGET" ]]
+}
+
+# Why there is no usable build in SPDK_HOME, for error messages.
+not_built() {
+    if [[ -f "$SPDK_HOME/BUILT" ]]; then
+        echo "SPDK in $SPDK_HOME was built for $(cat "$SPDK_HOME/TARGET" 2>/dev/null || echo 'the build machine (native)'), not $TARGET (run: scripts/spdk.sh build)"
+    else
+        echo "SPDK is not built in $SPDK_HOME (run: scripts/spdk.sh build)"
+    fi
+}
 
 install_deps() {
     local pkgs=(meson ninja-build libnuma-dev libaio-dev uuid-dev libssl-dev python3-pyelftools
@@ -48,13 +76,16 @@ install_deps() {
 }
 
 fetch_source() {
-    local src="$WORK/src"
+    local src="$TREE"
     if [[ -f "$src/spdk/include/spdk/version.h" ]]; then return; fi
-    # shellcheck source=scripts/debian-source.sh
-    source "$(dirname "${BASH_SOURCE[0]}")/debian-source.sh"
-    debian_source_download "$WORK" trixie ceph
     local tarball
     tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1)
+    if [[ -z "$tarball" ]]; then
+        # shellcheck source=scripts/debian-source.sh
+        source "$(dirname "${BASH_SOURCE[0]}")/debian-source.sh"
+        debian_source_download "$WORK" trixie ceph
+        tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1)
+    fi
     [[ -n "$tarball" ]] || die "could not download the ceph source package (needs $MIRROR)"
     log "extracting SPDK from $(basename "$tarball")"
     rm -rf "$src" && mkdir -p "$src"
@@ -66,24 +97,30 @@ fetch_source() {
 
 build() {
     if have_build; then
-        log "SPDK already built in $SPDK_HOME"
+        log "SPDK already built for $TARGET in $SPDK_HOME"
         return
     fi
     install_deps
     fetch_source
-    local s="$WORK/src/spdk"
-    log "building SPDK in $s"
+    local s="$TREE/spdk"
+    log "building SPDK for $TARGET in $s"
     (
         cd "$s"
-        if [[ ! -f mk/config.mk ]] || ! grep -q "CONFIG_SHARED?=y" mk/config.mk; then
-            ./configure --disable-tests --disable-unit-tests --without-isal --without-vhost \
-                --without-virtio --without-crypto --without-fio --with-shared >"$WORK/configure.log" 2>&1 ||
-                { tail -20 "$WORK/configure.log"; die "configure failed"; }
+        if ! grep -qs "CONFIG_SHARED?=y" mk/config.mk || ! grep -qsx "CONFIG_ARCH?=$TARGET" mk/config.mk; then
+            # A tree configured otherwise: start clean, so no object built for another target stays.
+            if [[ -f mk/config.mk ]]; then make clean >/dev/null 2>&1 || true; fi
+            # --target-arch becomes -march for SPDK and meson's -Dmachine for DPDK.
+            ./configure --target-arch="$TARGET" --disable-tests --disable-unit-tests --without-isal \
+                --without-vhost --without-virtio --without-crypto --without-fio --with-shared \
+                >"$TREE/configure.log" 2>&1 ||
+                { tail -20 "$TREE/configure.log"; die "configure failed"; }
         fi
         # glibc >= 2.36 declares arc4random; SPDK 20.07's iSCSI code defines its own unless told.
-        CFLAGS=-DHAVE_ARC4RANDOM make -j"$(nproc)" >"$WORK/make.log" 2>&1 ||
-            { grep -m5 -B3 "error" "$WORK/make.log"; die "make failed (log: $WORK/make.log)"; }
+        CFLAGS=-DHAVE_ARC4RANDOM make -j"$(nproc)" >"$TREE/make.log" 2>&1 ||
+            { grep -m5 -B3 "error" "$TREE/make.log"; die "make failed (log: $TREE/make.log)"; }
     )
+    grep -q "^#define RTE_MACHINE $TARGET\$" "$s/dpdk/build/include/rte_build_config.h" ||
+        die "DPDK in $s was not configured for $TARGET (see its dpdk/build/include/rte_build_config.h)"
     install_build "$s"
 }
 
@@ -100,8 +137,8 @@ link_initiator() {
     for x in "${spdk_libs[@]}"; do archives+=("$l/libspdk_$x.a"); done
     for x in "${dpdk_libs[@]}"; do archives+=("$d/librte_$x.a"); done
     printf '#include "spdk/version.h"\nconst char *gpuio_spdk_version(void) { return SPDK_VERSION_STRING; }\n' \
-        >"$WORK/version.c"
-    cc -shared -fPIC -O2 -I"$s/include" -o "$out" "$WORK/version.c" \
+        >"$TREE/version.c"
+    cc -shared -fPIC -O2 -march="$TARGET" -I"$s/include" -o "$out" "$TREE/version.c" \
         -Wl,--whole-archive "${archives[@]}" -Wl,--no-whole-archive \
         -Wl,--no-undefined -Wl,-soname,libspdk_gpuio.so \
         -lnuma -luuid -lcrypto -laio -ldl -lpthread -lrt -lm
@@ -126,6 +163,7 @@ install_build() {
     strip --strip-unneeded "$tmp"/lib/*.so* "$tmp"/bin/* 2>/dev/null || true
     grep -m1 -o 'SPDK_VERSION_MAJOR[[:space:]]*[0-9]*' "$s/include/spdk/version.h" >/dev/null
     echo "20.07" >"$tmp/VERSION"
+    echo "$TARGET" >"$tmp/TARGET"
     date -u +%FT%TZ >"$tmp/BUILT"
     rm -rf "$SPDK_HOME" && mkdir -p "$(dirname "$SPDK_HOME")" && mv "$tmp" "$SPDK_HOME"
     log "installed into $SPDK_HOME ($(du -sh "$SPDK_HOME" | cut -f1))"
@@ -176,7 +214,7 @@ listening() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 start() {
     port_arg "$@"
-    have_build || die "SPDK is not built in $SPDK_HOME (run: scripts/spdk.sh build)"
+    have_build || die "$(not_built)"
     if pid_of "$PORT" >/dev/null && listening "$PORT"; then
         trid_of "$PORT"
         return
@@ -242,7 +280,7 @@ bundle() {
     mkdir -p "$dir/lib" "$dir/bin"
     cp "$SPDK_HOME"/lib/* "$dir/lib/"
     cp "$SPDK_HOME"/bin/* "$dir/bin/"
-    cp "$SPDK_HOME/VERSION" "$SPDK_HOME/BUILT" "$dir/"
+    cp "$SPDK_HOME/VERSION" "$SPDK_HOME/TARGET" "$SPDK_HOME/BUILT" "$dir/"
     # System libraries a bare machine may lack.
     for so in libaio.so.1 libnuma.so.1; do
         local f
@@ -256,13 +294,13 @@ cmd=${1:-}
 shift || true
 case $cmd in
 build) build ;;
-env) have_build || die "SPDK is not built in $SPDK_HOME"; echo "export GPUIO_SPDK_LIB=$SPDK_HOME/lib/libspdk_gpuio.so" ;;
+env) have_build || die "$(not_built)"; echo "export GPUIO_SPDK_LIB=$SPDK_HOME/lib/libspdk_gpuio.so" ;;
 hugepages) hugepages "$@" ;;
 start) start "$@" ;;
 stop) stop "$@" ;;
 kill) crash "$@" ;;
 trid) port_arg "$@"; trid_of "$PORT" ;;
-perf) have_build || die "SPDK is not built"; LD_LIBRARY_PATH="$SPDK_HOME/lib" exec "$SPDK_HOME/bin/perf" "$@" ;;
+perf) have_build || die "$(not_built)"; LD_LIBRARY_PATH="$SPDK_HOME/lib" exec "$SPDK_HOME/bin/perf" "$@" ;;
 bundle) bundle "$@" ;;
-*) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+*) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

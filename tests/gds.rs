@@ -252,9 +252,15 @@ async fn stream_ordered_read_then_kernel_on_the_same_stream() {
     // A registered destination (cuFileBufRegister, deregistered on drop) works the same.
     let reg = home.alloc_zeros::<u8>(2 << 20).unwrap();
     let mut reg = gpuio::gds::RegisteredBuffer::new(reg).unwrap();
-    let io = f.read_on_stream(&mut *reg, 4096, &work).unwrap();
+    let io = f.read_on_stream(&mut reg, 4096, &work).unwrap();
     assert_eq!(io.await.unwrap(), 2 << 20);
     assert!(work.clone_dtoh(&*reg).unwrap()[..] == data[4096..4096 + (2 << 20)]);
+    // Part of it through a mutable view (the registered allocation cannot be replaced).
+    let io = f
+        .read_on_stream(&mut reg.slice_mut(..1 << 20), 0, &work)
+        .unwrap();
+    assert_eq!(io.await.unwrap(), 1 << 20);
+    assert!(work.clone_dtoh(&reg.as_view()).unwrap()[..1 << 20] == data[..1 << 20]);
     let plain = reg.into_inner();
     assert_eq!(plain.len(), 2 << 20);
     // Stream-ordered write of device memory, then read back from the file.

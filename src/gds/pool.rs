@@ -9,10 +9,14 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self as cu, CUdeviceptr};
-use cudarc::driver::{CudaContext, CudaSlice, DevicePtr};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop,
+};
 
 use super::driver::{CufileCode, check, cufile};
-use crate::cuda::Pod;
+use crate::buf::sealed::Sealed;
+use crate::buf::{ReadDst, ReadTarget, WriteSource, WriteSrc};
+use crate::cuda::{DeviceDst, DeviceSrc, Pod};
 
 /// Device memory carved into staging slots, registered with cuFile where it allows.
 pub(crate) struct StagingPool {
@@ -89,15 +93,27 @@ impl Drop for StagingPool {
 ///
 /// It matters for stream-ordered I/O ([`File::read_on_stream`](crate::File::read_on_stream),
 /// [`File::write_on_stream`](crate::File::write_on_stream)), which cuFile moves straight into
-/// or out of the buffer: pass `&mut *buf`. Batch reads (`read_into`) land in gpuio's own
-/// staging pool, which is registered once per engine, so they gain nothing from it.
+/// or out of the buffer: pass `&mut buf` (or `&buf` to write from it). Batch reads
+/// (`read_into`) land in gpuio's own staging pool, which is registered once per engine, so
+/// they gain nothing from it.
 ///
 /// Registration pins the buffer's pages in the GPU's BAR for peer-to-peer DMA. It costs a
 /// driver call that takes from tens of microseconds to milliseconds depending on size, and it
 /// uses BAR space, so register long-lived buffers (weights, KV-cache arenas) once and reuse
 /// them; short-lived buffers work unregistered. In cuFile's compatibility mode (no nvidia-fs)
-/// registration changes nothing measurable. The buffer is usable everywhere a `CudaSlice` is
-/// (it derefs to one).
+/// registration changes nothing measurable.
+///
+/// The buffer derefs to `&CudaSlice<T>` (lengths, streams, `clone_dtoh(&*buf)`, kernel
+/// arguments that only read) and gives mutable access as views of the same memory
+/// ([`as_view_mut`](Self::as_view_mut), [`slice_mut`](Self::slice_mut)), never as
+/// `&mut CudaSlice<T>`: through that, safe code could swap or overwrite the slice and free the
+/// registered memory while cuFile still holds the registration.
+///
+/// ```compile_fail,E0596
+/// # fn f(mut reg: gpuio::gds::RegisteredBuffer<u8>, mut other: gpuio::cuda::cudarc::driver::CudaSlice<u8>) {
+/// std::mem::swap(&mut *reg, &mut other); // no `DerefMut`: the registered slice stays put
+/// # }
+/// ```
 pub struct RegisteredBuffer<T: Pod> {
     slice: CudaSlice<T>,
     /// The registered base address, while registered.
@@ -132,6 +148,22 @@ impl<T: Pod> RegisteredBuffer<T> {
         })
     }
 
+    /// The whole buffer as a mutable device view (kernel arguments that write, cudarc copies
+    /// into it, `read_on_stream`); the allocation itself cannot be replaced through it.
+    pub fn as_view_mut(&mut self) -> CudaViewMut<'_, T> {
+        self.slice.as_view_mut()
+    }
+
+    /// Part of the buffer as a mutable device view, in elements, as `CudaSlice::slice_mut`.
+    pub fn slice_mut(&mut self, bounds: impl std::ops::RangeBounds<usize>) -> CudaViewMut<'_, T> {
+        self.slice.slice_mut(bounds)
+    }
+
+    /// The whole buffer as a device view.
+    pub fn as_view(&self) -> CudaView<'_, T> {
+        self.slice.as_view()
+    }
+
     /// Deregisters and hands the slice back.
     pub fn into_inner(mut self) -> CudaSlice<T> {
         self.deregister();
@@ -157,9 +189,43 @@ impl<T: Pod> std::ops::Deref for RegisteredBuffer<T> {
     }
 }
 
-impl<T: Pod> std::ops::DerefMut for RegisteredBuffer<T> {
-    fn deref_mut(&mut self) -> &mut CudaSlice<T> {
-        &mut self.slice
+// A destination and source for reads and writes like the slice itself (stream-ordered I/O
+// is what registration is for), without handing out `&mut CudaSlice<T>`.
+impl<T: Pod> Sealed for RegisteredBuffer<T> {}
+
+impl<T: Pod> DeviceDst for RegisteredBuffer<T> {
+    fn byte_len(&self) -> usize {
+        self.slice.num_bytes()
+    }
+    fn own_stream(&self) -> &Arc<CudaStream> {
+        self.slice.stream()
+    }
+    fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+        self.slice.device_ptr_mut(stream)
+    }
+}
+
+impl<T: Pod> ReadDst for RegisteredBuffer<T> {
+    fn target(&mut self) -> ReadTarget<'_> {
+        ReadTarget::Device(self)
+    }
+}
+
+impl<T: Pod> DeviceSrc for RegisteredBuffer<T> {
+    fn byte_len(&self) -> usize {
+        self.slice.num_bytes()
+    }
+    fn own_stream(&self) -> &Arc<CudaStream> {
+        self.slice.stream()
+    }
+    fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
+        self.slice.device_ptr(stream)
+    }
+}
+
+impl<T: Pod> WriteSrc for RegisteredBuffer<T> {
+    fn source(&self) -> WriteSource<'_> {
+        WriteSource::Device(self)
     }
 }
 

@@ -156,8 +156,13 @@ unsafe impl Send for SpdkLib {}
 // SAFETY: as above.
 unsafe impl Sync for SpdkLib {}
 
+/// The cache `scripts/spdk.sh build` fills by default, under `$XDG_CACHE_HOME` or `~/.cache`:
+/// SPDK built for the script's default CPU target, x86-64-v2 (its `TARGET`). The target is in
+/// the name so that a native build of an earlier script (`gpuio/spdk-20.07`) is never loaded.
+const DEFAULT_HOME: &str = "gpuio/spdk-20.07-x86-64-v2";
+
 /// Where to look for the library: `GPUIO_SPDK_LIB`, then `GPUIO_SPDK_HOME/lib`, then the cache
-/// `scripts/spdk.sh build` fills.
+/// `scripts/spdk.sh build` fills ([`DEFAULT_HOME`]).
 pub(crate) fn candidates() -> Vec<PathBuf> {
     let mut v = Vec::new();
     if let Some(p) = std::env::var_os("GPUIO_SPDK_LIB") {
@@ -171,7 +176,7 @@ pub(crate) fn candidates() -> Vec<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")));
     if let Some(c) = cache {
-        v.push(c.join("gpuio/spdk-20.07/lib/libspdk_gpuio.so"));
+        v.push(c.join(DEFAULT_HOME).join("lib/libspdk_gpuio.so"));
     }
     v
 }
@@ -256,5 +261,15 @@ mod tests {
             status: (2 << 9) | (0x81 << 1),
         };
         assert_eq!(c.sct_sc(), (2, 0x81));
+    }
+
+    #[test]
+    fn default_home_matches_the_build_script() {
+        // scripts/spdk.sh installs into gpuio/spdk-20.07-$TARGET, TARGET defaulting to
+        // x86-64-v2: the library's default search path must name the same directory.
+        let script = include_str!("../../scripts/spdk.sh");
+        let target = DEFAULT_HOME.strip_prefix("gpuio/spdk-20.07-").unwrap();
+        assert!(script.contains(&format!("TARGET=${{GPUIO_SPDK_TARGET:-{target}}}")));
+        assert!(script.contains("/gpuio/spdk-20.07-$TARGET}"));
     }
 }
