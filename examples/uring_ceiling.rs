@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
     // A block device's metadata says 0 bytes; the library asks the device.
-    let blocks = gpuio::uring::align::file_len(std::os::fd::AsFd::as_fd(&file))? / BS as u64;
+    let blocks = gpuio::plan::align::file_len(std::os::fd::AsFd::as_fd(&file))? / BS as u64;
     if blocks < 256 {
         return Err("the file must be at least 1 MiB".into());
     }

@@ -6,10 +6,10 @@ use std::sync::mpsc::{channel, sync_channel};
 
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
-use crate::lane::Driver;
+use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
-use crate::lane::pread::PreadDriver;
-use crate::lane::uring::UringDriver;
+use crate::lane::pread::PreadLane;
+use crate::lane::uring::UringLane;
 use crate::op::future::{NoTransfer, OpFuture};
 use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
 use crate::reactor::{Reactor, ReactorConfig};
@@ -314,7 +314,7 @@ impl EngineBuilder {
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())
             .spawn(move || {
-                let driver = match make_driver(backend, qd, threads, &arena, &doorbell, ext_arg) {
+                let main = match make_main_lane(backend, qd, threads, &arena, &doorbell, ext_arg) {
                     Ok(d) => d,
                     Err(e) => {
                         let _ = setup_tx.send(Err(e));
@@ -322,12 +322,12 @@ impl EngineBuilder {
                     }
                 };
                 let info = BackendInfo {
-                    name: driver.name(),
-                    detail: driver.describe(),
+                    name: main.name(),
+                    detail: main.describe(),
                 };
                 tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
                 let _ = setup_tx.send(Ok(info));
-                Reactor::new(rx, driver, reactor_shared, cfg).run_to_end();
+                Reactor::new(rx, main, reactor_shared, cfg).run_to_end();
             })
             .map_err(|e| Error::io(ctx(), e))?;
         let info = match setup_rx.recv() {
@@ -352,6 +352,7 @@ impl EngineBuilder {
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 shared,
+                reactor: Some(spawned),
                 info,
                 gds_mode,
                 cufile_compat: self.cufile_compat,
@@ -363,27 +364,30 @@ impl EngineBuilder {
     }
 }
 
-fn make_driver(
+/// The main lane for `backend`: io_uring, or the pread pool (with the reason, where io_uring
+/// was wanted but could not be set up).
+fn make_main_lane(
     backend: Backend,
     qd: usize,
     threads: usize,
     arena: &BounceArena,
     doorbell: &Arc<Doorbell>,
     ext_arg: bool,
-) -> Result<Driver> {
+) -> Result<Box<dyn Lane>> {
     let ctx = || Context::op(OpKind::Setup);
     let uring = || {
         // SAFETY: the arena is kept alive by the reactor (and every op) for longer than the
-        // driver, which the reactor drops first.
-        unsafe { UringDriver::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd(), ext_arg) }
+        // lane, which the reactor drops first.
+        unsafe { UringLane::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd(), ext_arg) }
+            .map(|l| Box::new(l) as Box<dyn Lane>)
     };
     let pool = |reason: String| {
-        PreadDriver::new(threads, doorbell.clone(), reason)
-            .map(Driver::Pread)
+        PreadLane::new(threads, doorbell.clone(), reason)
+            .map(|l| Box::new(l) as Box<dyn Lane>)
             .map_err(|e| Error::io(ctx().with_backend("pread"), e))
     };
     match backend {
-        Backend::Uring => uring().map(Driver::Uring).map_err(|e| {
+        Backend::Uring => uring().map_err(|e| {
             Error::unsupported(
                 ctx().with_backend("io_uring"),
                 format!("{e}; use Backend::Auto or Backend::Pread to fall back"),
@@ -391,7 +395,7 @@ fn make_driver(
         }),
         Backend::Pread => pool(String::new()),
         Backend::Auto | Backend::Gds => match uring() {
-            Ok(d) => Ok(Driver::Uring(d)),
+            Ok(l) => Ok(l),
             Err(e) => {
                 let reason = format!("io_uring unavailable: {e}");
                 tracing::warn!(%reason, "gpuio falls back to the pread pool");
@@ -403,6 +407,8 @@ fn make_driver(
 
 struct EngineInner {
     shared: Arc<ReactorHandle>,
+    /// The reactor thread, joined when the last handle goes.
+    reactor: Option<std::thread::JoinHandle<()>>,
     info: BackendInfo,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     gds_mode: GdsMode,
@@ -414,8 +420,16 @@ struct EngineInner {
 
 impl Drop for EngineInner {
     fn drop(&mut self) {
-        // Last handle gone: the reactor sees its channel close, drains and exits by itself.
+        // Last handle gone: close the queue and wake the reactor, which drains (operations
+        // still pending fail with `Error::Shutdown`) and exits; then join it, so that its
+        // ring, workers and pinned pool are gone when this returns (memory a device may still
+        // write is quarantined instead, see `reactor::death`).
         self.shared.close();
+        if let Some(t) = self.reactor.take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
     }
 }
 

@@ -65,6 +65,7 @@ pub mod spdk;
 mod target;
 
 pub use buf::aligned::AlignedBuf;
+pub use buf::quarantine::quarantined;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{
     Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineBuilder,

@@ -9,6 +9,7 @@
 pub(crate) mod aligned;
 pub(crate) mod arena;
 pub(crate) mod owned;
+pub(crate) mod quarantine;
 
 use bytes::{Bytes, BytesMut};
 

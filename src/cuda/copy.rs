@@ -9,11 +9,10 @@ use super::device::{DeviceDst, DeviceSrc};
 use super::event::{EVENT_POOL, EventGate};
 use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind};
-use crate::gds::pool::StagingPool;
 use crate::op::future::Transfer;
 use crate::op::gate::Gated;
 use crate::op::msg::Msg;
-use crate::op::{OpShared, ReadyPiece};
+use crate::op::{OpShared, ReadyPiece, Staging};
 
 /// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
 /// binds the context, makes sure the pool is pinned, runs `issue(stream)`, and records the
@@ -39,12 +38,12 @@ fn queue_copies(
 }
 
 /// The device address of a piece's staging slot, for pieces cuFile moved (`None`: host slot).
-fn staged(staging: Option<&Arc<StagingPool>>, p: &ReadyPiece) -> Result<Option<u64>, String> {
+fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, String> {
     if !p.slot.on_device {
         return Ok(None);
     }
     staging
-        .map(|s| Some(s.base() + p.slot.offset as u64))
+        .map(|s| Some(s.base + p.slot.offset as u64))
         .ok_or_else(|| "a staging slot arrived without its staging pool".to_string())
 }
 
@@ -146,10 +145,7 @@ fn gate_or_abandon(
     offset: u64,
     then: impl FnOnce(Arc<OpShared>, Vec<ReadyPiece>) -> Msg,
 ) -> Option<Msg> {
-    let staging = shared
-        .staging
-        .get()
-        .map(|p| p.clone() as Arc<dyn std::any::Any + Send + Sync>);
+    let staging = shared.staging.get().map(|s| s.keep.clone());
     match issued {
         Ok(ev) => Some(Msg::Gated(
             Gated::new(

@@ -13,6 +13,10 @@ pub mod uring;
 
 use std::io;
 use std::os::fd::RawFd;
+use std::time::Duration;
+
+use crate::plan::Via;
+use crate::target::Target;
 
 /// What one chunk I/O does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,7 +26,7 @@ pub(crate) enum IoKind {
     Fsync,
 }
 
-/// One chunk I/O as the reactor hands it to a driver.
+/// One chunk I/O in the form the kernel lanes (io_uring, pread) submit it.
 #[derive(Debug)]
 pub(crate) struct IoRequest {
     pub(crate) kind: IoKind,
@@ -46,50 +50,110 @@ pub(crate) struct Completion {
     pub(crate) res: i32,
 }
 
-/// The reactor's kernel interface. One per engine, so the size difference does not matter.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Driver {
-    Uring(uring::UringDriver),
-    Pread(pread::PreadDriver),
+/// The memory a piece moves through.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LaneMem {
+    /// None (fsync).
+    None,
+    /// Host memory: a bounce slot (with its registered-buffer index, where the ring has the
+    /// pool registered) or an owned buffer the op holds until the piece completes.
+    Host { ptr: *mut u8, fixed: Option<u16> },
+    /// The cuFile lane's device staging memory, at this byte offset of its pool.
+    Device { offset: usize },
 }
 
-impl Driver {
-    pub(crate) fn name(&self) -> &'static str {
-        match self {
-            Driver::Uring(_) => "io_uring",
-            Driver::Pread(_) => "pread",
+/// One piece of I/O as the reactor hands it to a lane: what the lane needs, nothing of the op.
+pub(crate) struct LaneIo<'a> {
+    /// Reported back with the piece's [`Completion`].
+    pub(crate) token: u64,
+    pub(crate) kind: IoKind,
+    pub(crate) target: &'a Target,
+    /// The file's direct descriptor, or its buffered twin (unaligned edges of O_DIRECT writes;
+    /// for SPDK: a write covering part of its sectors, read-modify-written).
+    pub(crate) via: Via,
+    pub(crate) pos: u64,
+    pub(crate) len: usize,
+    pub(crate) mem: LaneMem,
+    /// Hand to a kernel worker instead of trying inline (`IOSQE_ASYNC`, io_uring only).
+    pub(crate) punt: bool,
+}
+
+impl LaneIo<'_> {
+    /// The piece as the kernel lanes submit it.
+    pub(crate) fn kernel_request(&self) -> IoRequest {
+        let fd = match self.via {
+            Via::Main => self.target.raw_fd(),
+            Via::Buffered => self.target.buffered_raw_fd(),
+        };
+        let (buf, fixed) = match self.mem {
+            LaneMem::Host { ptr, fixed } => (ptr, fixed),
+            _ => (std::ptr::null_mut(), None),
+        };
+        IoRequest {
+            kind: self.kind,
+            fd,
+            buf,
+            len: self.len as u32,
+            pos: self.pos,
+            fixed,
+            punt: self.punt,
+            token: self.token,
         }
     }
+}
 
-    pub(crate) fn describe(&self) -> String {
-        match self {
-            Driver::Uring(d) => d.describe(),
-            Driver::Pread(d) => d.describe(),
-        }
+/// How a lane wants the reactor to wait while it has work out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitHint {
+    /// Its completions wake the reactor (or it has none out): sleep as long as you like.
+    Sleep,
+    /// Its completions are found only by asking: look again within this long.
+    PollEvery(Duration),
+    /// Its completions are found only by polling and come fast: do not sleep.
+    Spin,
+}
+
+/// A backend the reactor hands pieces of I/O to. One lane per kind of target memory or
+/// device; the reactor picks the lane for each piece and learns the outcome only through
+/// [`Completion`]s carrying the piece's token. Lanes never see ops, slots or the table.
+///
+/// The *main* lane (io_uring or the pread pool) is the one the reactor sleeps in: its
+/// [`wait`](Lane::wait) with `block` returns on a completion, the doorbell, or the timeout.
+/// Other lanes never block.
+pub(crate) trait Lane: Send {
+    /// The backend's name, for error context (`io_uring`, `pread`, `cufile`, `spdk`).
+    fn name(&self) -> &'static str;
+    /// One line for `gpuio check` and logs.
+    fn describe(&self) -> String {
+        self.name().to_string()
     }
-
-    pub(crate) fn uses_fixed_buffers(&self) -> bool {
-        matches!(self, Driver::Uring(d) if d.fixed_buffers())
-    }
-
-    pub(crate) fn push(&mut self, req: IoRequest) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => d.push(req),
-            Driver::Pread(d) => d.push(req),
-        }
-    }
-
-    /// Submits queued I/O and collects completions; with `block`, sleeps until a completion,
-    /// the doorbell, or `timeout` (if given).
-    pub(crate) fn wait(
+    /// Queues a piece. An error means it never started; the reactor completes it with that
+    /// error. The memory in `io.mem` must stay valid until the piece's completion is reaped.
+    fn push(&mut self, io: LaneIo<'_>) -> io::Result<()>;
+    /// Hands queued pieces to the device without waiting; completions found on the way are
+    /// appended to `out`.
+    fn flush(&mut self, _out: &mut Vec<Completion>) {}
+    /// Collects completions into `out` (after submitting what is queued). Only the main lane
+    /// blocks, and only with `block`: until a completion, the doorbell, or `timeout`.
+    fn wait(
         &mut self,
         block: bool,
-        timeout: Option<std::time::Duration>,
+        timeout: Option<Duration>,
         out: &mut Vec<Completion>,
-    ) -> io::Result<()> {
-        match self {
-            Driver::Uring(d) => d.wait(block, timeout, out),
-            Driver::Pread(d) => d.wait(block, timeout, out),
-        }
+    ) -> io::Result<()>;
+    /// Pieces pushed and not yet reported.
+    fn outstanding(&self) -> usize;
+    /// How the reactor should wait while this lane has work out.
+    fn wait_hint(&self) -> WaitHint {
+        WaitHint::Sleep
+    }
+    /// Whether host slots are passed as registered buffers (`LaneMem::Host::fixed` is used).
+    fn uses_fixed_buffers(&self) -> bool {
+        false
+    }
+    /// Settles what the lane armed on its own account (the ring's doorbell read) so that it
+    /// can be dropped without the kernel ever writing freed memory. Called with no piece out.
+    fn retire(&mut self, _wake: &dyn Fn()) -> io::Result<()> {
+        Ok(())
     }
 }

@@ -9,7 +9,7 @@ use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::{Completion, IoKind, IoRequest};
+use super::{Completion, IoKind, IoRequest, Lane, LaneIo};
 use crate::lane::doorbell::Doorbell;
 
 /// An [`IoRequest`] on its way to a worker thread.
@@ -21,12 +21,14 @@ struct Job(IoRequest);
 unsafe impl Send for Job {}
 
 /// Thread-pool driver.
-pub(crate) struct PreadDriver {
+pub(crate) struct PreadLane {
     jobs: Option<Sender<Job>>,
     done: Arc<Mutex<Vec<Completion>>>,
     doorbell: Arc<Doorbell>,
     workers: Vec<JoinHandle<()>>,
     reason: String,
+    /// Pieces pushed and not yet collected.
+    out: usize,
 }
 
 fn run_job(req: &IoRequest) -> i32 {
@@ -63,7 +65,7 @@ fn run_job(req: &IoRequest) -> i32 {
     }
 }
 
-impl PreadDriver {
+impl PreadLane {
     /// Starts `threads` workers. `reason` says why this driver serves (for `BackendInfo`).
     pub(crate) fn new(threads: usize, doorbell: Arc<Doorbell>, reason: String) -> io::Result<Self> {
         let (tx, rx) = channel::<Job>();
@@ -96,16 +98,17 @@ impl PreadDriver {
                 })?;
             workers.push(h);
         }
-        Ok(PreadDriver {
+        Ok(PreadLane {
             jobs: Some(tx),
             done,
             doorbell,
             workers,
             reason,
+            out: 0,
         })
     }
 
-    pub(crate) fn describe(&self) -> String {
+    fn description(&self) -> String {
         format!(
             "pread/pwrite thread pool ({} threads){}",
             self.workers.len(),
@@ -117,7 +120,7 @@ impl PreadDriver {
         )
     }
 
-    pub(crate) fn push(&mut self, req: IoRequest) -> io::Result<()> {
+    fn push_request(&mut self, req: IoRequest) -> io::Result<()> {
         let tx = self
             .jobs
             .as_ref()
@@ -126,7 +129,7 @@ impl PreadDriver {
             .map_err(|_| io::Error::other("pread workers exited"))
     }
 
-    pub(crate) fn wait(
+    fn collect(
         &mut self,
         block: bool,
         timeout: Option<std::time::Duration>,
@@ -140,11 +143,41 @@ impl PreadDriver {
             self.doorbell.wait_blocking(timeout);
             out.append(&mut self.done.lock().unwrap_or_else(|p| p.into_inner()));
         }
+        self.out -= out.len() - before;
         Ok(())
     }
 }
 
-impl Drop for PreadDriver {
+impl Lane for PreadLane {
+    fn name(&self) -> &'static str {
+        "pread"
+    }
+
+    fn describe(&self) -> String {
+        self.description()
+    }
+
+    fn push(&mut self, io: LaneIo<'_>) -> io::Result<()> {
+        self.push_request(io.kernel_request())?;
+        self.out += 1;
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        block: bool,
+        timeout: Option<std::time::Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
+        self.collect(block, timeout, out)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.out
+    }
+}
+
+impl Drop for PreadLane {
     fn drop(&mut self) {
         // Closing the job channel lets each worker finish its job and exit.
         self.jobs.take();

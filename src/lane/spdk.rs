@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use crate::lane::{Completion, IoKind};
+use super::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
 use crate::spdk::ctrlr::{Namespace, Qpair};
 use crate::spdk::env::DmaRegion;
 use crate::spdk::sys::RawCpl;
@@ -125,7 +125,7 @@ struct NsQueue {
 
 /// One I/O the reactor hands the lane: `len` bytes at namespace position `pos` through slot
 /// memory `buf` (null for a flush).
-pub(crate) struct LaneIo {
+pub(crate) struct NvmeIo {
     pub(crate) token: u64,
     pub(crate) kind: IoKind,
     /// A write that covers only part of its sectors (read-modify-write).
@@ -194,8 +194,8 @@ impl SpdkLane {
 
     /// Starts `io` on `ns`. The result arrives as a [`Completion`] for `io.token` from
     /// [`reap`](Self::reap).
-    pub(crate) fn submit(&mut self, ns: &Arc<Namespace>, io: LaneIo) {
-        let LaneIo {
+    pub(crate) fn submit(&mut self, ns: &Arc<Namespace>, io: NvmeIo) {
+        let NvmeIo {
             token,
             kind,
             partial,
@@ -536,6 +536,61 @@ impl SpdkLane {
                 || !q.waiting.is_empty()
                 || !q.rmw_waiting.is_empty()
         });
+    }
+}
+
+impl Lane for SpdkLane {
+    fn name(&self) -> &'static str {
+        "spdk"
+    }
+
+    fn push(&mut self, io: LaneIo<'_>) -> std::io::Result<()> {
+        let Some(ns) = io.target.nvme.as_ref() else {
+            return Err(std::io::Error::other("not an NVMe namespace"));
+        };
+        let buf = match io.mem {
+            LaneMem::Host { ptr, .. } => ptr,
+            _ => std::ptr::null_mut(),
+        };
+        let nvme = NvmeIo {
+            token: io.token,
+            kind: io.kind,
+            partial: io.via == crate::plan::Via::Buffered,
+            buf,
+            pos: io.pos,
+            len: io.len,
+        };
+        self.submit(&ns.clone(), nvme);
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        _block: bool,
+        _timeout: Option<Duration>,
+        out: &mut Vec<Completion>,
+    ) -> std::io::Result<()> {
+        let before = out.len();
+        self.reap(out);
+        if out.len() == before && self.busy() {
+            // Nothing yet: let the threads that consume completions (often on the same core)
+            // run before polling again.
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    fn outstanding(&self) -> usize {
+        SpdkLane::outstanding(self)
+    }
+
+    fn wait_hint(&self) -> WaitHint {
+        // NVMe completions are found only by polling: spin while commands are out.
+        if self.busy() {
+            WaitHint::Spin
+        } else {
+            WaitHint::Sleep
+        }
     }
 }
 

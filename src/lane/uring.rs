@@ -5,7 +5,7 @@ use std::io;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 
-use super::{Completion, IoKind, IoRequest};
+use super::{Completion, IoKind, IoRequest, Lane, LaneIo};
 
 /// Which setup flags the ring got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +91,7 @@ const DOORBELL_TOKEN: u64 = u64::MAX;
 const TIMEOUT_TOKEN: u64 = u64::MAX - 1;
 
 /// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
-pub(crate) struct UringDriver {
+pub(crate) struct UringLane {
     ring: IoUring,
     flags: RingFlags,
     fixed_buffers: bool,
@@ -107,9 +107,11 @@ pub(crate) struct UringDriver {
     timeout_ts: Box<types::Timespec>,
     timeout_armed: bool,
     refused: Vec<String>,
+    /// Pieces pushed and not yet reaped.
+    out: usize,
 }
 
-impl UringDriver {
+impl UringLane {
     /// Sets up a ring for `depth` concurrent I/Os and registers `iovecs` as fixed buffers where
     /// the kernel (and RLIMIT_MEMLOCK) allows.
     ///
@@ -149,7 +151,7 @@ impl UringDriver {
                 ),
             }
         };
-        Ok(UringDriver {
+        Ok(UringLane {
             ring,
             flags,
             fixed_buffers,
@@ -161,11 +163,12 @@ impl UringDriver {
             timeout_ts: Box::new(types::Timespec::new()),
             timeout_armed: false,
             refused,
+            out: 0,
         })
     }
 
     /// A one-line description for `BackendInfo`.
-    pub(crate) fn describe(&self) -> String {
+    fn description(&self) -> String {
         let mut s = format!(
             "io_uring ({}), fixed buffers: {}",
             self.flags,
@@ -176,10 +179,6 @@ impl UringDriver {
             s.push_str(&format!("; {r}"));
         }
         s
-    }
-
-    pub(crate) fn fixed_buffers(&self) -> bool {
-        self.fixed_buffers
     }
 
     fn push_sqe(&mut self, sqe: squeue::Entry) -> io::Result<()> {
@@ -196,7 +195,7 @@ impl UringDriver {
     }
 
     /// Queues one I/O.
-    pub(crate) fn push(&mut self, req: IoRequest) -> io::Result<()> {
+    fn push_request(&mut self, req: IoRequest) -> io::Result<()> {
         let fd = types::Fd(req.fd);
         let sqe = match (req.kind, req.fixed.filter(|_| self.fixed_buffers)) {
             (IoKind::Read, Some(idx)) => opcode::ReadFixed::new(fd, req.buf, req.len, idx)
@@ -273,7 +272,7 @@ impl UringDriver {
 
     /// Submits queued I/O; if `block`, waits for a completion or the doorbell. Appends
     /// completions (never the doorbell's) to `out`.
-    pub(crate) fn wait(
+    fn wait_ring(
         &mut self,
         block: bool,
         timeout: Option<std::time::Duration>,
@@ -301,6 +300,7 @@ impl UringDriver {
             } else if cqe.user_data() == TIMEOUT_TOKEN {
                 self.timeout_armed = false;
             } else {
+                self.out -= 1;
                 out.push(Completion {
                     token: cqe.user_data(),
                     res: cqe.result(),
@@ -312,7 +312,7 @@ impl UringDriver {
 
     /// Retires the doorbell read before the ring and its buffer go away: rings the eventfd
     /// ourselves and waits for that read's completion, so the kernel never writes the freed box.
-    pub(crate) fn retire_doorbell(&mut self, ring_eventfd: impl Fn()) -> io::Result<()> {
+    fn retire_doorbell(&mut self, ring_eventfd: &dyn Fn()) -> io::Result<()> {
         let mut sink = Vec::new();
         while self.doorbell_armed {
             ring_eventfd();
@@ -328,6 +328,43 @@ impl UringDriver {
             debug_assert!(sink.is_empty(), "I/O completed after the drain");
         }
         Ok(())
+    }
+}
+
+impl Lane for UringLane {
+    fn name(&self) -> &'static str {
+        "io_uring"
+    }
+
+    fn describe(&self) -> String {
+        self.description()
+    }
+
+    fn push(&mut self, io: LaneIo<'_>) -> io::Result<()> {
+        self.push_request(io.kernel_request())?;
+        self.out += 1;
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        block: bool,
+        timeout: Option<std::time::Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
+        self.wait_ring(block, timeout, out)
+    }
+
+    fn outstanding(&self) -> usize {
+        self.out
+    }
+
+    fn uses_fixed_buffers(&self) -> bool {
+        self.fixed_buffers
+    }
+
+    fn retire(&mut self, wake: &dyn Fn()) -> io::Result<()> {
+        self.retire_doorbell(wake)
     }
 }
 

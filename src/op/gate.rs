@@ -64,11 +64,13 @@ impl Drop for Gated {
             m.fail_untracked("the engine stopped before the CUDA work was seen to finish");
         }
         if self.inner.is_some() && !matches!(self.gate.poll(), GateState::Open) {
-            // The work may still run: leak the memory it touches and the message itself
+            // The work may still run: quarantine the memory it touches and the message itself
             // (stream operations keep their parameter block in it).
-            std::mem::forget(self.arena.clone());
-            std::mem::forget(self.keep.take());
-            std::mem::forget(self.inner.take());
+            crate::buf::quarantine::hold(
+                "bounce pool, staging memory and message behind a CUDA copy that may still run \
+                 (its message was dropped before a reactor saw the copy end)",
+                (self.arena.clone(), self.keep.take(), self.inner.take()),
+            );
         }
     }
 }

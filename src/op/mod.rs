@@ -45,12 +45,20 @@ impl ReadyPiece {
     }
 }
 
+/// The device staging memory an op's cuFile pieces land in: its base address, and the pool
+/// itself, kept alive by whatever gated copy still reads it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct Staging {
+    pub(crate) base: u64,
+    pub(crate) keep: Arc<dyn std::any::Any + Send + Sync>,
+}
+
 /// State behind the mutex.
 #[derive(Default)]
 pub(crate) struct OpState {
-    waker: Option<Waker>,
-    ready: Vec<ReadyPiece>,
-    result: Option<Result<u64>>,
+    pub(super) waker: Option<Waker>,
+    pub(super) ready: Vec<ReadyPiece>,
+    pub(super) result: Option<Result<u64>>,
     /// An owned buffer handed back by the reactor (set before the result).
     owned: Option<Box<dyn std::any::Any + Send>>,
 }
@@ -63,7 +71,7 @@ pub(crate) struct OpShared {
     /// The device staging pool, for ops whose pieces cuFile moves (set by the reactor before
     /// it hands over any device slot).
     #[cfg(feature = "cuda")]
-    pub(crate) staging: std::sync::OnceLock<Arc<crate::gds::pool::StagingPool>>,
+    pub(crate) staging: std::sync::OnceLock<Staging>,
 }
 
 impl OpShared {
@@ -76,7 +84,7 @@ impl OpShared {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, OpState> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, OpState> {
         // The state is updated in single assignments; a panic elsewhere cannot leave it torn.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -1,0 +1,136 @@
+//! How a reactor ends. An orderly stop drains every lane and lets memory go; a death (a panic,
+//! or a failed kernel interface) fails every pending op with `Error::ReactorDied` and hands
+//! whatever a device or the kernel may still write to the process-wide quarantine
+//! (`crate::buf::quarantine`), named, instead of freeing it. This is the only place the reactor
+//! decides to leak.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+
+use super::Reactor;
+use crate::buf::quarantine;
+use crate::error::{Context, Error, OpKind};
+use crate::op::msg::Msg;
+
+impl Reactor {
+    /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
+    pub(crate) fn run_to_end(mut self) {
+        let outcome = catch_unwind(AssertUnwindSafe(|| self.run()));
+        let death = match outcome {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("kernel interface failed: {e}")),
+            Err(panic) => Some(
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "panic".to_string()),
+            ),
+        };
+        // The reason is recorded before the engine reads as stopped, so that every refusal
+        // from then on names it.
+        if let Some(reason) = &death {
+            let _ = self.engine.death.set(reason.clone());
+        }
+        self.engine.dead.store(true, Ordering::SeqCst);
+        self.engine.close();
+        match death {
+            None => {
+                for w in self.shutdown_waiters.drain(..) {
+                    w.complete(Ok(0));
+                }
+            }
+            Some(reason) => self.die(reason),
+        }
+        // Submissions that raced the close fail now, naming the death where there was one
+        // (SubmitMsg's Drop would say only "shut down").
+        while let Ok(msg) = self.rx.try_recv() {
+            if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
+                m.refuse(|ctx| self.engine.refusal(ctx));
+            }
+        }
+    }
+
+    /// Fails everything pending with `reason` and quarantines what may still be written.
+    fn die(&mut self, reason: String) {
+        tracing::error!(%reason, "gpuio reactor died");
+        let in_lanes = self.ios.len() > self.fenced.len();
+        for (_, op) in self.ops.iter_mut() {
+            if !in_lanes {
+                // Nothing can land in an owned buffer any more: it goes back with the error.
+                if let Some(o) = op.owned.take() {
+                    op.shared.give_back(o.keep);
+                }
+            }
+            op.shared.complete(Err(Error::ReactorDied {
+                ctx: Box::new(op.ctx(op.offset)),
+                reason: reason.clone(),
+            }));
+        }
+        for w in self.shutdown_waiters.drain(..) {
+            w.complete(Err(Error::ReactorDied {
+                ctx: Box::new(Context::op(OpKind::Shutdown)),
+                reason: reason.clone(),
+            }));
+        }
+        // The kernel may still write into bounce slots, owned buffers and the doorbell buffer:
+        // unless all of it is accounted for, none of it may be freed. A dead engine leaks; it
+        // must not corrupt.
+        if in_lanes || self.retire_main().is_err() {
+            let pieces = self.ios.len() - self.fenced.len();
+            quarantine::hold(
+                format!(
+                    "reactor died with {pieces} pieces in its lanes ({reason}): the lanes, \
+                     the bounce pool and {} ops' buffers",
+                    self.ops.len()
+                ),
+                (
+                    std::mem::take(&mut self.ops),
+                    self.main.take(),
+                    self.spdk.take(),
+                    self.arena.clone(),
+                ),
+            );
+            self.compromised = true;
+        }
+        self.quarantine_if_compromised();
+        // Gated messages still held drop here and quarantine the pool if their copy may run.
+    }
+
+    /// Completes what the main lane armed on its own (the doorbell read) so that it can be
+    /// dropped without the kernel ever writing its freed buffer.
+    fn retire_main(&mut self) -> std::io::Result<()> {
+        if let Some(main) = self.main.as_mut() {
+            let bell = self.doorbell.clone();
+            main.retire(&move || bell.ring_always())?;
+        }
+        Ok(())
+    }
+
+    /// After an orderly drain: retires and drops the lanes (nothing is in flight).
+    pub(super) fn close_lanes(&mut self) -> std::io::Result<()> {
+        self.retire_main()?;
+        // Dropping the main lane closes the ring (or joins the pool) with nothing in flight.
+        self.main.take();
+        self.quarantine_if_compromised();
+        Ok(())
+    }
+
+    /// Work the reactor lost track of (a failed CUDA copy, a cuFile entry whose DMA may still
+    /// run) may touch the bounce pool or the device staging pool: keep both for good.
+    fn quarantine_if_compromised(&mut self) {
+        if !self.compromised {
+            return;
+        }
+        #[cfg(feature = "cuda")]
+        let staging = self.cufile.take();
+        #[cfg(not(feature = "cuda"))]
+        let staging: Option<()> = None;
+        quarantine::hold(
+            "bounce pool and device staging pool: a copy or DMA the reactor lost track of may \
+             still touch them",
+            (self.arena.clone(), staging),
+        );
+        self.compromised = false;
+    }
+}

@@ -1,0 +1,270 @@
+//! Scheduling: which pieces start, within the queue depth, the slot pools and each op's window
+//! (round-robin between ops), the range fence, and which lane each piece goes to.
+
+use super::{InflightIo, Reactor};
+use crate::buf::arena::BounceSlot;
+use crate::error::{Error, OpKind};
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem};
+use crate::op::ReadyPiece;
+use crate::plan::{Piece, Via};
+
+impl Reactor {
+    /// Starts pieces while the queue depth and the bounce pool allow.
+    pub(super) fn schedule(&mut self) {
+        self.unfence();
+        let qd = self.cfg.queue_depth;
+        while self.ios.len() < qd {
+            let Some((key, p)) = self.to_submit.pop_front() else {
+                break;
+            };
+            if self.ops[key].stopped() {
+                self.ops[key].busy -= 1;
+                self.free_op_slot(key, p.slot);
+                self.maybe_finish(key);
+                continue;
+            }
+            self.submit_io(key, IoKind::Write, p.piece, Some(p.slot));
+        }
+        let mut starved = false;
+        let mut starved_on_device = false;
+        while let Some(&key) = self.runnable.front() {
+            let op = &mut self.ops[key];
+            if op.all_started() {
+                self.runnable.pop_front();
+                op.in_runnable = false;
+                self.maybe_finish(key);
+                continue;
+            }
+            let (piece, retried) = match op.retry.last() {
+                Some(p) => (*p, true),
+                None => (op.plan.piece(op.next), false),
+            };
+            if !retried && op.kind == OpKind::Read && op.eof_at.is_some_and(|e| piece.pos >= e) {
+                // Past a known end of file: nothing to read.
+                op.next += 1;
+                continue;
+            }
+            // Writes also count filled pieces waiting for the kernel. Pieces out for filling
+            // are bounded per op by the window instead: a leaked write holds them forever,
+            // and must not stop other ops.
+            let room = match op.kind {
+                OpKind::Write => self.ios.len() + self.to_submit.len() < qd,
+                _ => self.ios.len() < qd,
+            };
+            if !room {
+                break;
+            }
+            let slot = if op.kind == OpKind::Sync || op.owned.is_some() {
+                // Fsync needs no memory; an owned read lands in the caller's buffer.
+                None
+            } else {
+                if op.held_bytes > 0 && op.held_bytes + piece.len > self.op_window {
+                    // This op holds its share of the pool; let others run until it gives
+                    // slots back (free_op_slot re-queues it).
+                    op.window_blocked = true;
+                    self.window_blocked_ops += 1;
+                    op.in_runnable = false;
+                    self.runnable.pop_front();
+                    continue;
+                }
+                let on_device = op.gds && piece.via == Via::Main;
+                match self.slots.alloc(on_device, piece.len) {
+                    Some(s) => {
+                        op.held_bytes += s.size();
+                        Some(s)
+                    }
+                    None => {
+                        let fits = self.slots.fits(on_device, piece.len);
+                        if !fits {
+                            // Waiting would never end: no slot of this size exists. The
+                            // planner never makes such pieces (its fuzz target checks that);
+                            // if one ever appears, fail the op rather than hang.
+                            op.error = Some(Error::invalid(
+                                op.ctx(piece.pos),
+                                format!(
+                                    "a {}-byte piece exceeds the largest bounce slot",
+                                    piece.len
+                                ),
+                            ));
+                            continue;
+                        }
+                        starved = true;
+                        starved_on_device = on_device;
+                        break;
+                    }
+                }
+            };
+            if retried {
+                op.retry.pop();
+            } else {
+                op.next += 1;
+            }
+            op.busy += 1;
+            // Round-robin between ops so one huge request cannot starve small ones.
+            self.runnable.pop_front();
+            if !op.all_started() {
+                self.runnable.push_back(key);
+            } else {
+                op.in_runnable = false;
+            }
+            match (op.kind, slot) {
+                (OpKind::Write, Some(slot)) => {
+                    op.shared.push_ready(ReadyPiece {
+                        piece,
+                        valid: piece.len,
+                        slot,
+                    });
+                }
+                (OpKind::Sync, _) => self.submit_io(key, IoKind::Fsync, piece, None),
+                (_, slot) => self.submit_io(key, IoKind::Read, piece, slot),
+            }
+        }
+        self.short_of_slots = starved || self.window_blocked_ops > 0;
+        self.doorbell.set_starved(self.short_of_slots);
+        if starved {
+            if self.check_pool_stall(starved_on_device) {
+                // New memory: start what waited for it (growth is bounded, so is this).
+                self.schedule();
+            }
+        } else {
+            self.stall = None;
+        }
+    }
+
+    fn submit_io(&mut self, key: usize, kind: IoKind, piece: Piece, slot: Option<BounceSlot>) {
+        let op = &self.ops[key];
+        let ticket = (kind != IoKind::Fsync).then(|| {
+            // Widened to the file's grain: a page for O_DIRECT files (whose buffered write
+            // edges must not share a page with another op's direct piece), a sector for NVMe.
+            let grain = op.align.max(op.file.write_align);
+            self.fence.start(
+                op.file.fence_key,
+                piece.pos,
+                piece.len as u64,
+                grain,
+                key,
+                kind == IoKind::Write,
+            )
+        });
+        let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
+        let token = self.ios.insert(InflightIo {
+            op: key,
+            kind,
+            piece,
+            slot,
+            done: 0,
+            ticket,
+        });
+        if blocked {
+            self.fenced.push_back(token);
+        } else {
+            self.push_io(token);
+        }
+    }
+
+    /// Sends fenced pieces whose earlier overlapping writes have completed to the kernel, and
+    /// drops those of cancelled ops (they never reach the kernel). Pieces of ops that failed
+    /// still run: every piece below the failing offset is then written, so the offset the
+    /// error names is the first byte not transferred.
+    fn unfence(&mut self) {
+        let mut i = 0;
+        while i < self.fenced.len() {
+            let token = self.fenced[i];
+            let io = &self.ios[token];
+            if self.ops[io.op].cancelled {
+                self.fenced.remove(i);
+                self.drop_unstarted(token);
+                continue;
+            }
+            if io.ticket.as_ref().is_some_and(|t| self.fence.blocked(t)) {
+                i += 1;
+                continue;
+            }
+            self.fenced.remove(i);
+            self.push_io(token);
+        }
+    }
+
+    /// Forgets a piece that never reached the kernel.
+    fn drop_unstarted(&mut self, token: usize) {
+        let io = self.ios.remove(token);
+        if let Some(t) = &io.ticket {
+            self.fence.release(t);
+        }
+        self.ops[io.op].busy -= 1;
+        if let Some(slot) = io.slot {
+            self.free_op_slot(io.op, slot);
+        }
+        self.maybe_finish(io.op);
+    }
+
+    /// (Re)submits the unfinished remainder of in-flight I/O `token` to its lane: device
+    /// staging slots go to cuFile, NVMe namespaces to SPDK, everything else to the main lane.
+    pub(super) fn push_io(&mut self, token: usize) {
+        let io = &self.ios[token];
+        let op = &self.ops[io.op];
+        let file = &op.file;
+        let (pos, len) = (io.piece.pos + io.done as u64, io.piece.len - io.done);
+        let mem = match (&io.slot, &op.owned) {
+            #[cfg(feature = "cuda")]
+            (Some(s), _) if s.on_device => LaneMem::Device {
+                offset: s.offset + io.done,
+            },
+            (Some(s), _) => LaneMem::Host {
+                // SAFETY: `done <= piece.len <= slot size`, so the pointer stays in the slot.
+                ptr: unsafe { self.arena.slot_ptr(s).add(io.done) },
+                fixed: self
+                    .main
+                    .as_ref()
+                    .is_some_and(|l| l.uses_fixed_buffers())
+                    .then(|| self.slots.fixed_index(s, &self.arena))
+                    .flatten(),
+            },
+            // `accept` checked that the pieces cover exactly `[offset, offset + len)`, the
+            // buffer's bytes, so `pos - offset + done < len`: the address stays inside the
+            // buffer, which the op owns until every piece has completed. The kernel is the
+            // only writer meanwhile (the future holds no access to it).
+            (None, Some(o)) => LaneMem::Host {
+                ptr: (o.addr + (io.piece.pos - op.offset) as usize + io.done) as *mut u8,
+                fixed: None,
+            },
+            (None, None) => LaneMem::None,
+        };
+        // Buffered pieces large enough to be worth a kernel worker go to io-wq, so page-cache
+        // hits are copied by many threads; small ones stay inline (a punt costs a switch).
+        let buffered = io.piece.via == Via::Buffered || file.align == 1;
+        let punt =
+            self.cfg.punt_min.is_some_and(|m| buffered && len >= m) && io.kind != IoKind::Fsync;
+        let lane_io = LaneIo {
+            token: token as u64,
+            kind: io.kind,
+            target: file,
+            via: io.piece.via,
+            pos,
+            len,
+            mem,
+            punt,
+        };
+        let lane: &mut dyn Lane = match lane_io.mem {
+            #[cfg(feature = "cuda")]
+            LaneMem::Device { .. } => self
+                .cufile
+                .as_mut()
+                .expect("device slots exist only with a cuFile lane"),
+            _ if file.nvme.is_some() => self
+                .spdk
+                .get_or_insert_with(crate::lane::spdk::SpdkLane::new),
+            _ => self
+                .main
+                .as_deref_mut()
+                .expect("main lane present while running"),
+        };
+        if let Err(e) = lane.push(lane_io) {
+            let res = -e.raw_os_error().unwrap_or(libc::EIO);
+            self.on_completion(Completion {
+                token: token as u64,
+                res,
+            });
+        }
+    }
+}

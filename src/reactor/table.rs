@@ -1,0 +1,464 @@
+//! The op table: accepting a request (planning it and choosing its route), messages about
+//! ops (slots coming back, filled write slots, cancellation, shutdown), and finishing an op
+//! once nothing of it is outstanding.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::Reactor;
+use crate::buf::arena::BounceSlot;
+use crate::error::{Context, Error, OpKind};
+use crate::op::OpShared;
+use crate::op::msg::Msg;
+use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
+use crate::plan::{Piece, ReadPlan, Via, WritePlan};
+use crate::target::Target;
+
+/// The pieces an op is split into.
+pub(super) enum Plan {
+    Read(ReadPlan),
+    Write(WritePlan),
+    Sync,
+}
+
+impl Plan {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Plan::Read(p) => p.len(),
+            Plan::Write(p) => p.len(),
+            Plan::Sync => 1,
+        }
+    }
+
+    /// Whether the pieces cover exactly `[offset, offset + len)`, no wider (an aligned read).
+    pub(super) fn covers_exactly(&self, offset: u64, len: u64) -> bool {
+        let n = self.len();
+        n == 0 || {
+            let (first, last) = (self.piece(0), self.piece(n - 1));
+            first.pos == offset && last.pos + last.len as u64 == offset + len
+        }
+    }
+
+    pub(super) fn piece(&self, i: usize) -> Piece {
+        match self {
+            Plan::Read(p) => p.piece(i),
+            Plan::Write(p) => p.piece(i),
+            Plan::Sync => Piece {
+                pos: 0,
+                len: 0,
+                via: Via::Main,
+            },
+        }
+    }
+}
+
+/// One op in the table.
+pub(super) struct OpEntry {
+    pub(super) shared: Arc<OpShared>,
+    pub(super) file: Arc<Target>,
+    pub(super) kind: OpKind,
+    pub(super) plan: Plan,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    /// Next piece to start.
+    pub(super) next: usize,
+    /// Pieces in the kernel, out for filling, or filled and queued for submission.
+    pub(super) busy: usize,
+    pub(super) in_runnable: bool,
+    /// Bounce bytes this op holds (in the kernel, out for filling, or awaiting copy-out).
+    pub(super) held_bytes: usize,
+    /// Left the run queue because `held_bytes` reached the per-op window.
+    pub(super) window_blocked: bool,
+    pub(super) eof_at: Option<u64>,
+    pub(super) error: Option<Error>,
+    /// File offset `error` names when it came from a piece that failed: pieces complete out of
+    /// order, and the error kept is the one at the lowest failing offset (a later piece's
+    /// ENOSPC must not hide an earlier one's). For writes every piece below it was written
+    /// (pieces start in order; fenced ones still run); a failed read hands back no data.
+    pub(super) error_at: Option<u64>,
+    pub(super) cancelled: bool,
+    /// Alignment the plan was made on (a short read not a multiple of it means end of file).
+    pub(super) align: u64,
+    /// Direct-path pieces go through cuFile batch I/O into device staging slots.
+    pub(super) gds: bool,
+    /// What serves this op, for error context.
+    pub(super) backend: &'static str,
+    /// Pieces to run again on the bounce path after cuFile turned the file down.
+    pub(super) retry: Vec<Piece>,
+    /// The caller's owned buffer the pieces are read into (instead of bounce slots).
+    pub(super) owned: Option<OwnedTarget>,
+}
+
+impl OpEntry {
+    pub(super) fn stopped(&self) -> bool {
+        self.cancelled || self.error.is_some()
+    }
+
+    pub(super) fn ctx(&self, offset: u64) -> Context {
+        Context::op(self.kind)
+            .with_path(&self.file.path)
+            .with_offset(offset)
+            .with_backend(self.backend)
+    }
+
+    /// Whether every piece has been started (or will never be).
+    pub(super) fn all_started(&self) -> bool {
+        self.stopped() || (self.next == self.plan.len() && self.retry.is_empty())
+    }
+}
+
+impl Reactor {
+    pub(super) fn handle(&mut self, msg: Msg) {
+        match msg {
+            Msg::Submit(mut m) => {
+                let (Some(shared), Some(req)) = (m.shared.take(), m.req.take()) else {
+                    return;
+                };
+                self.accept(shared, req);
+            }
+            Msg::Release(shared, slots) => {
+                let key = shared.key();
+                let live = self.is_live(key, &shared);
+                for s in slots {
+                    if live {
+                        self.free_op_slot(key, s);
+                    } else {
+                        self.slots.free(s);
+                    }
+                }
+            }
+            Msg::Filled(shared, pieces) => {
+                let key = shared.key();
+                let live = self.is_live(key, &shared);
+                for p in pieces {
+                    if live && !self.ops[key].stopped() {
+                        self.to_submit.push_back((key, p));
+                    } else if live {
+                        self.ops[key].busy -= 1;
+                        self.free_op_slot(key, p.slot);
+                    } else {
+                        self.slots.free(p.slot);
+                    }
+                }
+                if live {
+                    self.maybe_finish(key);
+                }
+            }
+            Msg::Cancel(shared) => {
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    self.ops[key].cancelled = true;
+                    self.reclaim(key);
+                    self.maybe_finish(key);
+                } else {
+                    // The op had already finished, but its future was dropped before taking
+                    // the last pieces handed to it: their slots belong to nobody now.
+                    for p in shared.reclaim_ready() {
+                        self.slots.free(p.slot);
+                    }
+                }
+            }
+            Msg::Gated(g) => self.gated.push(g),
+            #[cfg(feature = "cuda")]
+            Msg::StreamDone(done) => {
+                let r = done.result();
+                done.shared.complete(r);
+            }
+            #[cfg(feature = "cuda")]
+            Msg::StreamIdle(shared) => shared.complete(Ok(0)),
+            #[cfg(test)]
+            Msg::PanicAtNextCompletion => self.panic_armed = true,
+            Msg::Abandon(shared, pieces) => {
+                self.compromised = true;
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    let op = &mut self.ops[key];
+                    for p in &pieces {
+                        op.held_bytes -= p.slot.size();
+                        if op.kind == OpKind::Write {
+                            op.busy -= 1;
+                        }
+                    }
+                    if op.error.is_none() {
+                        let ctx = op.ctx(op.offset);
+                        op.error = Some(Error::cuda_msg(ctx, "device copy failed"));
+                    }
+                    self.maybe_finish(key);
+                }
+                // The slots themselves are never freed.
+            }
+            Msg::Shutdown(mut waiter) => {
+                self.shutdown_waiters.extend(waiter.shared.take());
+                self.begin_shutdown();
+            }
+        }
+    }
+
+    pub(super) fn accept(&mut self, shared: Arc<OpShared>, req: OpRequest) {
+        let kind = req.op_kind();
+        let (file, offset, len, device, owned) = match req {
+            OpRequest::Read {
+                file,
+                offset,
+                len,
+                device,
+                owned,
+            } => (file, offset, len, device, owned),
+            OpRequest::Write {
+                file,
+                offset,
+                len,
+                device,
+            } => (file, offset, len, device, None),
+            OpRequest::Sync { file } => (file, 0, 0, None, None),
+        };
+        // An op refused before any I/O hands its owned buffer back untouched.
+        let refuse = |shared: &Arc<OpShared>, owned: Option<OwnedTarget>, e: Error| {
+            if let Some(o) = owned {
+                shared.give_back(o.keep);
+            }
+            shared.complete(Err(e));
+        };
+        let mut ctx = Context::op(kind)
+            .with_path(&file.path)
+            .with_offset(offset)
+            .with_backend(self.backend);
+        if self.shutting_down {
+            refuse(&shared, owned, Error::shutdown(ctx));
+            return;
+        }
+        let (mut align, mut write_align) = (file.align, file.write_align);
+        let mut backend = self.backend;
+        let gds = match self.choose_gds(&file, device.as_ref(), &shared) {
+            Ok(Some((gds_align, name))) => {
+                align = align.max(gds_align);
+                write_align = write_align.max(gds_align);
+                backend = name;
+                ctx = ctx.with_backend(name);
+                true
+            }
+            Ok(None) => false,
+            Err(reason) => {
+                let e = Error::unsupported(ctx.with_backend("cufile"), reason);
+                refuse(&shared, owned, e);
+                return;
+            }
+        };
+        let chunk = match &file.nvme {
+            Some(ns) => {
+                backend = "spdk";
+                ns.chunk(self.cfg.chunk_size)
+            }
+            None => self.cfg.chunk_size,
+        };
+        let plan = match kind {
+            OpKind::Read => ReadPlan::new(offset, len, align, chunk).map(Plan::Read),
+            OpKind::Write => WritePlan::new(offset, len, write_align, chunk).map(Plan::Write),
+            _ => Ok(Plan::Sync),
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                refuse(&shared, owned, Error::invalid(ctx, e.to_string()));
+                return;
+            }
+        };
+        if owned.is_some() && (gds || file.nvme.is_some() || !plan.covers_exactly(offset, len)) {
+            // The file layer offers owned reads only where pieces cover exactly the caller's
+            // range in host memory; anything else would write outside the buffer.
+            let e = Error::invalid(ctx, "owned read offered where it cannot land in place");
+            refuse(&shared, owned, e);
+            return;
+        }
+        let empty = plan.len() == 0;
+        let key = self.ops.insert(OpEntry {
+            shared: shared.clone(),
+            file,
+            kind,
+            plan,
+            offset,
+            len,
+            next: 0,
+            busy: 0,
+            in_runnable: !empty,
+            held_bytes: 0,
+            window_blocked: false,
+            eof_at: None,
+            error: None,
+            error_at: None,
+            cancelled: false,
+            align,
+            gds,
+            backend,
+            retry: Vec::new(),
+            owned,
+        });
+        shared.key.store(key, Ordering::Relaxed);
+        if empty {
+            self.maybe_finish(key);
+        } else {
+            self.runnable.push_back(key);
+        }
+    }
+
+    /// Whether an op with caller memory on `device` goes through cuFile: `Ok(Some((alignment,
+    /// backend name)))` if so, `Ok(None)` for the bounce path, `Err` where cuFile is forced
+    /// (`Backend::Gds`) but cannot serve.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn choose_gds(
+        &mut self,
+        file: &Arc<Target>,
+        device: Option<&DeviceCtx>,
+        shared: &Arc<OpShared>,
+    ) -> std::result::Result<Option<(u64, &'static str)>, String> {
+        #[cfg(feature = "cuda")]
+        {
+            let (Some(ctx), Some(fg)) = (device, file.gds()) else {
+                return Ok(None);
+            };
+            if !fg.serves() {
+                return Ok(None);
+            }
+            match self.gds_lane(ctx) {
+                Ok(lane) => {
+                    let pool = lane.pool.clone();
+                    let _ = shared.staging.set(crate::op::Staging {
+                        base: pool.base(),
+                        keep: pool,
+                    });
+                    Ok(Some((fg.align, fg.status().backend_name())))
+                }
+                Err(reason) if fg.forced() => Err(reason),
+                Err(_) => Ok(None),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        Ok(None)
+    }
+
+    /// The cuFile lane for memory on `ctx`'s device, set up on first use with a staging pool
+    /// shaped like the host bounce pool.
+    #[cfg(feature = "cuda")]
+    fn gds_lane(
+        &mut self,
+        ctx: &Arc<cudarc::driver::CudaContext>,
+    ) -> std::result::Result<&mut crate::lane::cufile::CufileLane, String> {
+        if self.cufile.is_none() {
+            if let Some(why) = &self.cufile_unavailable {
+                return Err(why.clone());
+            }
+            let (block, blocks) = (self.arena.block_size(), self.arena.blocks());
+            let bytes = block * blocks;
+            match crate::lane::cufile::CufileLane::new(ctx, bytes) {
+                Ok(l) => {
+                    tracing::info!(bytes, device = ctx.ordinal(), "gpuio cuFile lane ready");
+                    self.slots.add_device(block, blocks);
+                    self.cufile = Some(l);
+                }
+                Err(why) => {
+                    tracing::warn!(%why, "gpuio cannot set up cuFile batch I/O; device transfers use the bounce path");
+                    self.cufile_unavailable = Some(why.clone());
+                    return Err(why);
+                }
+            }
+        }
+        let lane = self.cufile.as_mut().expect("set above");
+        if lane.pool.context().ordinal() != ctx.ordinal() {
+            return Err(format!(
+                "this engine's cuFile staging pool is on GPU {}; memory on GPU {} uses the bounce path",
+                lane.pool.context().ordinal(),
+                ctx.ordinal()
+            ));
+        }
+        Ok(lane)
+    }
+
+    pub(super) fn begin_shutdown(&mut self) {
+        if self.shutting_down {
+            return;
+        }
+        self.shutting_down = true;
+        self.shutdown_started = Some(Instant::now());
+        let keys: Vec<usize> = self.ops.iter().map(|(k, _)| k).collect();
+        for key in keys {
+            let op = &mut self.ops[key];
+            if op.error.is_none() && !op.cancelled {
+                op.error = Some(Error::shutdown(op.ctx(op.offset)));
+            }
+            self.reclaim(key);
+            self.maybe_finish(key);
+        }
+    }
+
+    /// Takes back slots an op's future has not picked up.
+    pub(super) fn reclaim(&mut self, key: usize) {
+        let op = &self.ops[key];
+        let pieces = op.shared.reclaim_ready();
+        let is_write = op.kind == OpKind::Write;
+        for p in pieces {
+            if is_write {
+                self.ops[key].busy -= 1;
+            }
+            self.free_op_slot(key, p.slot);
+        }
+    }
+
+    pub(super) fn is_live(&self, key: usize, shared: &Arc<OpShared>) -> bool {
+        self.ops
+            .get(key)
+            .is_some_and(|o| Arc::ptr_eq(&o.shared, shared))
+    }
+
+    /// Frees a slot `key` held, and puts the op back in the run queue if the window had
+    /// stopped it.
+    pub(super) fn free_op_slot(&mut self, key: usize, slot: BounceSlot) {
+        self.slots.free(slot);
+        let op = &mut self.ops[key];
+        op.held_bytes -= slot.size();
+        if op.window_blocked && op.held_bytes < self.op_window {
+            op.window_blocked = false;
+            self.window_blocked_ops -= 1;
+            if !op.in_runnable {
+                op.in_runnable = true;
+                self.runnable.push_back(key);
+            }
+        }
+    }
+
+    /// Completes and removes `key` once nothing of it is outstanding.
+    pub(super) fn maybe_finish(&mut self, key: usize) {
+        let op = &self.ops[key];
+        if !op.all_started() || op.busy > 0 {
+            return;
+        }
+        let mut op = self.ops.remove(key);
+        if op.window_blocked {
+            self.window_blocked_ops -= 1;
+        }
+        if op.in_runnable {
+            self.runnable.retain(|&k| k != key);
+        }
+        if let Some(o) = op.owned.take() {
+            // Nothing of the op is in the kernel any more: the buffer may go back (or, for a
+            // dropped future, be freed here).
+            op.shared.give_back(o.keep);
+        }
+        let result = match op.error.take() {
+            Some(e) => Err(e),
+            None if op.cancelled => return,
+            None => match op.kind {
+                OpKind::Read => {
+                    let end = op.offset + op.len;
+                    Ok(op
+                        .eof_at
+                        .map_or(end, |e| e.min(end))
+                        .saturating_sub(op.offset))
+                }
+                OpKind::Write => Ok(op.len),
+                _ => Ok(0),
+            },
+        };
+        op.shared.complete(result);
+    }
+}
