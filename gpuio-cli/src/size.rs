@@ -1,6 +1,15 @@
-//! Byte sizes with suffixes: `4K`, `1M`, `2G`, `512` (binary multiples, like fio).
+//! Byte sizes on the command line and in what the CLI prints.
+//!
+//! Parsing is `parse-size`'s with binary prefixes, like fio: `4K`, `4KB`, `4KiB` and `4k` are
+//! all 4096; `1M`, `2G`, `1T` are MiB, GiB, TiB; fractions (`1.5G`) round to the nearest
+//! byte; a bare number is bytes. Printing is `bytesize`'s IEC units.
 
 use std::str::FromStr;
+
+use parse_size::Config;
+
+/// `K`, `M`, `G`, `T` (with or without `B`, any case) are powers of 1024.
+const UNITS: Config = Config::new().with_binary();
 
 /// A byte count parsed from `4K`-style text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -9,60 +18,26 @@ pub struct ByteSize(pub u64);
 impl FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let lower = t.to_ascii_lowercase();
-        let body = lower
-            .strip_suffix("ib")
-            .or_else(|| lower.strip_suffix('b'))
-            .unwrap_or(&lower);
-        let (num, shift) = match body.chars().last() {
-            Some('k') => (&body[..body.len() - 1], 10),
-            Some('m') => (&body[..body.len() - 1], 20),
-            Some('g') => (&body[..body.len() - 1], 30),
-            Some('t') => (&body[..body.len() - 1], 40),
-            _ => (body, 0),
-        };
-        let n: u64 = num
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a size (examples: 4096, 4K, 1M, 2G)"))?;
-        n.checked_mul(1u64 << shift)
-            .map(ByteSize)
-            .ok_or_else(|| format!("{s:?} is too large"))
+        match UNITS.parse_size(s) {
+            Ok(n) => Ok(ByteSize(n)),
+            Err(parse_size::Error::PosOverflow) => Err(format!("{s:?} is too large")),
+            Err(_) => Err(format!(
+                "{s:?} is not a size (examples: 4096, 4K, 1M, 1.5G)"
+            )),
+        }
     }
 }
 
-/// `n` in the largest binary unit (index into a 5-unit table, bytes to TiB) that keeps it >= 1.
-fn scaled(n: u64) -> (f64, usize) {
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u < 4 {
-        v /= 1024.0;
-        u += 1;
-    }
-    (v, u)
-}
-
-/// `1.50 GiB`-style text.
+/// `1.50 GiB`-style text (`512 B` below a KiB).
 pub fn fmt_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let (v, u) = scaled(n);
-    if u == 0 {
-        format!("{n} B")
-    } else {
-        format!("{v:.2} {}", UNITS[u])
-    }
+    format!("{:.2}", bytesize::ByteSize(n).display().iec())
 }
 
-/// `4K`, `1M`, `1.5M`: the short form axis labels and tables use (binary multiples).
+/// `4K`, `1M`, `1.5M`: the short form axis labels and tables use, as `--bs` spells it
+/// (`512B` below a KiB).
 pub fn short_size(n: u64) -> String {
-    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
-    let (v, u) = scaled(n);
-    if v.fract() == 0.0 {
-        format!("{v}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
-    }
+    // One decimal place, and none where it is 0: the only `.` is the decimal point.
+    format!("{:.1}", bytesize::ByteSize(n).display().iec_short()).replace(".0", "")
 }
 
 #[cfg(test)]
@@ -71,16 +46,27 @@ mod tests {
 
     #[test]
     fn suffixes() {
-        assert_eq!("4K".parse::<ByteSize>().unwrap().0, 4096);
-        assert_eq!("1m".parse::<ByteSize>().unwrap().0, 1 << 20);
-        assert_eq!("2GiB".parse::<ByteSize>().unwrap().0, 2 << 30);
-        assert_eq!("512".parse::<ByteSize>().unwrap().0, 512);
-        assert!("x".parse::<ByteSize>().is_err());
-        assert!("99999999999T".parse::<ByteSize>().is_err());
+        let parse = |s: &str| s.parse::<ByteSize>().map(|b| b.0);
+        assert_eq!(parse("4K"), Ok(4096));
+        assert_eq!(parse("4k"), Ok(4096));
+        assert_eq!(parse("4KB"), Ok(4096));
+        assert_eq!(parse("1m"), Ok(1 << 20));
+        assert_eq!(parse("2GiB"), Ok(2 << 30));
+        assert_eq!(parse("1T"), Ok(1 << 40));
+        assert_eq!(parse("1.5G"), Ok(3 << 29));
+        assert_eq!(parse("512"), Ok(512));
+        assert_eq!(parse("512b"), Ok(512));
+        assert!(parse("x").unwrap_err().contains("not a size"));
+        assert!(parse("").unwrap_err().contains("not a size"));
+        assert!(parse("-1").unwrap_err().contains("not a size"));
+        assert!(parse("99999999999T").unwrap_err().contains("too large"));
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");
+        assert_eq!(fmt_bytes(512), "512 B");
         assert_eq!(short_size(4096), "4K");
         assert_eq!(short_size(1 << 20), "1M");
+        assert_eq!(short_size(16 << 20), "16M");
         assert_eq!(short_size(1536 << 10), "1.5M");
-        assert_eq!(short_size(512), "512");
+        assert_eq!(short_size(512), "512B");
     }
 }
