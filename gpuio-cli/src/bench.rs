@@ -18,9 +18,11 @@ mod args;
 mod peers;
 mod report;
 
+use report::{PeerFields, PointJson};
+
 pub use args::{BenchArgs, BenchBackend, Pattern, Rw, Target};
 use peers::{
-    PeerResult, fio, fio_available, kvikio_peer, kvikio_peer_binary, median_peer, spdk_perf,
+    Peer, PeerResult, fio, fio_available, kvikio_peer, kvikio_peer_binary, median_peer, spdk_perf,
     spdk_perf_binary,
 };
 
@@ -267,7 +269,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
                 report::against_peers(&mut m, &peers, rounds)?;
                 m.result.peers = peers;
                 if a.json {
-                    outln!("{}", m.json)?;
+                    outln!("{}", serde_json::to_string(&m.json)?)?;
                 }
                 results.push(m.result);
             }
@@ -292,7 +294,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
 
 struct PointOutput {
     result: Measurement,
-    json: serde_json::Value,
+    json: PointJson,
 }
 
 /// Runs one point: its own engine, `qd` tasks for `a.seconds`, every latency recorded in a
@@ -521,31 +523,34 @@ async fn measure(
         cpu / secs,
         cpu / (all.bytes as f64 / 1e9).max(1e-9),
     )?;
-    let json = serde_json::json!({
-        "cpu_cores": cpu / secs,
-        "cpu_s_per_gb": cpu / (all.bytes as f64 / 1e9).max(1e-9),
-        "bytes": all.bytes,
-        "seconds": secs,
-        "gbps": gbps,
-        "iops": iops,
-        "backend": served_by,
-        "backend_requested": backend.to_string(),
-        "backend_detail": engine.backend().detail,
-        "rw": format!("{:?}", a.rw).to_lowercase(),
-        "pattern": format!("{:?}", a.pattern).to_lowercase(),
-        "bs": bs,
-        "qd": qd,
-        "direct": a.direct,
-        "to": a.to.to_string(),
-        "bounce_pinned": engine.bounce_pool_pinned(),
-        "inline_copies": a.inline_copies,
-        "reactor_spin_us": a.reactor_spin_us,
-        "reactor_tick_us": a.reactor_tick_us,
-        "ops": all.ops,
-        "lat_p50_us": pct(0.5),
-        "lat_p99_us": pct(0.99),
-        "file": nvme.map_or_else(|| path.display().to_string(), str::to_string),
-    });
+    let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
+    let json = PointJson {
+        bytes: all.bytes,
+        seconds: secs,
+        gbps,
+        iops,
+        ops: all.ops,
+        lat_p50_us: pct(0.5),
+        lat_p99_us: pct(0.99),
+        cpu_cores: cpu / secs,
+        cpu_s_per_gb: cpu / (all.bytes as f64 / 1e9).max(1e-9),
+        backend: served_by.clone(),
+        backend_requested: backend.to_string(),
+        backend_detail: engine.backend().detail.clone(),
+        bounce_pinned: engine.bounce_pool_pinned(),
+        rw: a.rw,
+        pattern: a.pattern,
+        bs,
+        qd,
+        direct: a.direct,
+        to: a.to.to_string(),
+        inline_copies: a.inline_copies,
+        reactor_spin_us: a.reactor_spin_us,
+        reactor_tick_us: a.reactor_tick_us,
+        file: file_name,
+        vs: None,
+        peers: PeerFields::default(),
+    };
     Ok(PointOutput {
         result: Measurement {
             point,

@@ -5,11 +5,35 @@ use std::path::PathBuf;
 
 use super::{BenchArgs, Pattern, Point, Rw, Target};
 
+/// A program gpuio is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    Fio,
+    SpdkPerf,
+    Kvikio,
+}
+
+impl Peer {
+    /// `fio`, `spdk-perf` or `kvikio`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Fio => "fio",
+            Peer::SpdkPerf => "spdk-perf",
+            Peer::Kvikio => "kvikio",
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A peer's throughput at one point.
 #[derive(Debug, Clone)]
 pub struct PeerResult {
-    /// `fio`, `spdk-perf` or `kvikio`.
-    pub name: &'static str,
+    pub peer: Peer,
     /// Bytes per second / 1e9.
     pub gbps: f64,
     /// Requests per second.
@@ -31,7 +55,7 @@ pub(super) fn median_peer(rounds: &[PeerResult]) -> PeerResult {
     let mut by_gbps: Vec<&PeerResult> = rounds.iter().collect();
     by_gbps.sort_by(|x, y| x.gbps.total_cmp(&y.gbps));
     PeerResult {
-        name: rounds[0].name,
+        peer: rounds[0].peer,
         gbps: med(&|p| p.gbps),
         iops: med(&|p| p.iops),
         cores: rounds
@@ -116,7 +140,7 @@ pub(super) async fn fio(
         _ => None,
     };
     Ok(PeerResult {
-        name: "fio",
+        peer: Peer::Fio,
         gbps: bw / 1e9,
         iops,
         cores,
@@ -224,7 +248,7 @@ fn parse_kvikio_peer(text: &str) -> Result<PeerResult, String> {
         ));
     };
     Ok(PeerResult {
-        name: "kvikio",
+        peer: Peer::Kvikio,
         gbps,
         iops,
         cores: best["cores"].as_f64(),
@@ -310,7 +334,7 @@ pub(super) async fn spdk_perf(
         return Err(format!("no Total line in SPDK perf's output: {}", text.trim()).into());
     };
     Ok(PeerResult {
-        name: "spdk-perf",
+        peer: Peer::SpdkPerf,
         gbps: mibs * 1048576.0 / 1e9,
         iops,
         // perf does not report it (it busy-polls its one core by design).
@@ -325,7 +349,7 @@ mod tests {
 
     fn peer(gbps: f64, cores: Option<f64>, detail: &str) -> PeerResult {
         PeerResult {
-            name: "kvikio",
+            peer: Peer::Kvikio,
             gbps,
             iops: gbps * 1000.0,
             cores,
@@ -362,8 +386,8 @@ mod tests {
         );
         let p = parse_kvikio_peer(out).unwrap();
         assert_eq!(
-            (p.name, p.gbps, p.iops, p.cores),
-            ("kvikio", 47.1, 2807.0, Some(3.2))
+            (p.peer, p.gbps, p.iops, p.cores),
+            (Peer::Kvikio, 47.1, 2807.0, Some(3.2))
         );
         assert_eq!(p.detail.as_deref(), Some("KvikIO best at 8 threads"));
         let err = parse_kvikio_peer(r#"{"threads":8,"gbps":1.0}"#).unwrap_err();
