@@ -88,7 +88,7 @@ async fn gpu_pipeline(
     chunk: usize,
     k: usize,
 ) -> Result<(Vec<u64>, Timing), Box<dyn std::error::Error>> {
-    let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(KERNEL)?;
+    let ptx = cudarc::nvrtc::compile_ptx(KERNEL)?;
     let f = ctx.load_module(ptx)?.load_function("weighted_sum")?;
     let streams: Vec<Arc<CudaStream>> =
         (0..k).map(|_| ctx.new_stream()).collect::<Result<_, _>>()?;

@@ -152,7 +152,7 @@ impl Service {
         let file = engine.open(path)?;
         let memory = match gpuio::cuda::context(0) {
             Ok(ctx) => {
-                let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(KERNEL)?;
+                let ptx = cudarc::nvrtc::compile_ptx(KERNEL)?;
                 let kernel = ctx.load_module(ptx)?.load_function("weighted_sum")?;
                 let mut v = Vec::with_capacity(slots);
                 for _ in 0..slots {

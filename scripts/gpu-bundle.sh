@@ -13,7 +13,7 @@ OUT=${1:-gpu-bundle}
 rm -rf "$OUT"
 mkdir -p "$OUT/tests" "$OUT/bin"
 
-cargo build --release --bins --examples
+cargo build --release --workspace --bins --examples
 # Prints "kind-name<TAB>executable" for each compiled test (or bench) target cargo reports.
 executables() { # cargo args...
   cargo "$@" --message-format=json 2>/dev/null | python3 -c '
@@ -27,11 +27,11 @@ for line in sys.stdin:
         print(m["target"]["kind"][0] + "-" + m["target"]["name"] + "\t" + m["executable"])
 '
 }
-executables test --release --no-run | while IFS=$'\t' read -r name exe; do
+executables test --release --workspace --no-run | while IFS=$'\t' read -r name exe; do
   cp "$exe" "$OUT/tests/$name"
 done
 # The criterion benches that measure device memory (they skip, saying why, without a GPU).
-executables bench --no-run | while IFS=$'\t' read -r name exe; do
+executables bench --workspace --no-run | while IFS=$'\t' read -r name exe; do
   case "$name" in bench-device_*) cp "$exe" "$OUT/bin/${name#bench-}" ;; esac
 done
 cp target/release/gpuio "$OUT/bin/"

@@ -159,7 +159,7 @@ async fn read_ordered_on_stream_then_kernel_checks_it() {
     let Some(ctx) = gpu("read_ordered_on_stream_then_kernel_checks_it") else {
         return;
     };
-    let ptx = match gpuio::cuda::cudarc::nvrtc::compile_ptx(CHECK_KERNEL) {
+    let ptx = match cudarc::nvrtc::compile_ptx(CHECK_KERNEL) {
         Ok(p) => p,
         Err(e) => {
             skipped(format!(
@@ -353,7 +353,7 @@ fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
     rt.block_on(async {
         let engine = Engine::new().unwrap();
         let stream = ctx.new_stream().unwrap();
-        let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
+        let ptx = cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
         let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
         let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
         let ns: u64 = 300_000_000;

@@ -215,7 +215,7 @@ async fn stream_ordered_read_then_kernel_on_the_same_stream() {
     let Some((engine, ctx)) = gds_engine(T, 1 << 20) else {
         return;
     };
-    let ptx = match gpuio::cuda::cudarc::nvrtc::compile_ptx(CHECK_KERNEL) {
+    let ptx = match cudarc::nvrtc::compile_ptx(CHECK_KERNEL) {
         Ok(p) => p,
         Err(e) => {
             skipped(format!("{T}: NVRTC unavailable: {e:?}"));

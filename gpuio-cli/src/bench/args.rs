@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use clap::{Args, ValueEnum};
 use gpuio::Backend;
+use serde::Serialize;
 
 use crate::size::ByteSize;
 use crate::validate;
@@ -62,13 +63,15 @@ impl Target {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Rw {
     Read,
     Write,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Pattern {
     /// Sequential blocks.
     Seq,

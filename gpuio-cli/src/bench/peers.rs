@@ -3,13 +3,39 @@
 
 use std::path::PathBuf;
 
+use serde::Deserialize;
+
 use super::{BenchArgs, Pattern, Point, Rw, Target};
+
+/// A program gpuio is compared with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    Fio,
+    SpdkPerf,
+    Kvikio,
+}
+
+impl Peer {
+    /// `fio`, `spdk-perf` or `kvikio`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Fio => "fio",
+            Peer::SpdkPerf => "spdk-perf",
+            Peer::Kvikio => "kvikio",
+        }
+    }
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
 
 /// A peer's throughput at one point.
 #[derive(Debug, Clone)]
 pub struct PeerResult {
-    /// `fio`, `spdk-perf` or `kvikio`.
-    pub name: &'static str,
+    pub peer: Peer,
     /// Bytes per second / 1e9.
     pub gbps: f64,
     /// Requests per second.
@@ -31,7 +57,7 @@ pub(super) fn median_peer(rounds: &[PeerResult]) -> PeerResult {
     let mut by_gbps: Vec<&PeerResult> = rounds.iter().collect();
     by_gbps.sort_by(|x, y| x.gbps.total_cmp(&y.gbps));
     PeerResult {
-        name: rounds[0].name,
+        peer: rounds[0].peer,
         gbps: med(&|p| p.gbps),
         iops: med(&|p| p.iops),
         cores: rounds
@@ -103,23 +129,48 @@ pub(super) async fn fio(
         )
         .into());
     }
-    let v: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("fio's JSON output: {e}"))?;
-    let dir = if a.rw == Rw::Read { "read" } else { "write" };
-    let job = &v["jobs"][0][dir];
-    let (Some(bw), Some(iops)) = (job["bw_bytes"].as_f64(), job["iops"].as_f64()) else {
-        return Err("fio's JSON output has no bw_bytes/iops".into());
-    };
-    let cpu = &v["jobs"][0];
-    let cores = match (cpu["usr_cpu"].as_f64(), cpu["sys_cpu"].as_f64()) {
-        (Some(u), Some(s)) => Some((u + s) / 100.0),
-        _ => None,
+    parse_fio(&out.stdout, a.rw)
+}
+
+/// fio's `--output-format=json`: the parts read from it.
+#[derive(Debug, Deserialize)]
+struct FioOutput {
+    jobs: Vec<FioJob>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FioJob {
+    read: FioDirection,
+    write: FioDirection,
+    /// Percent of one core, user and system.
+    usr_cpu: Option<f64>,
+    sys_cpu: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FioDirection {
+    bw_bytes: f64,
+    iops: f64,
+}
+
+/// The one job's figures for the direction measured.
+fn parse_fio(json: &[u8], rw: Rw) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
+    let out: FioOutput =
+        serde_json::from_slice(json).map_err(|e| format!("fio's JSON output: {e}"))?;
+    let job = out
+        .jobs
+        .into_iter()
+        .next()
+        .ok_or("fio's JSON output has no job")?;
+    let dir = match rw {
+        Rw::Read => job.read,
+        Rw::Write => job.write,
     };
     Ok(PeerResult {
-        name: "fio",
-        gbps: bw / 1e9,
-        iops,
-        cores,
+        peer: Peer::Fio,
+        gbps: dir.bw_bytes / 1e9,
+        iops: dir.iops,
+        cores: job.usr_cpu.zip(job.sys_cpu).map(|(u, s)| (u + s) / 100.0),
         detail: None,
     })
 }
@@ -202,33 +253,42 @@ pub(super) async fn kvikio_peer(
     Ok(parse_kvikio_peer(&String::from_utf8_lossy(&out.stdout))?)
 }
 
+/// A line of the KvikIO peer's output: one per thread count tried, then the best again with
+/// `"best":true`.
+#[derive(Debug, Deserialize)]
+struct KvikioLine {
+    #[serde(default)]
+    best: bool,
+}
+
+/// The KvikIO peer's `"best":true` line.
+#[derive(Debug, Deserialize)]
+struct KvikioBest {
+    threads: u64,
+    gbps: f64,
+    iops: f64,
+    cores: Option<f64>,
+}
+
 /// The KvikIO peer's result: its `{"best":true,...}` line (one line per thread count before).
 fn parse_kvikio_peer(text: &str) -> Result<PeerResult, String> {
-    let best = text
+    let line = text
         .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["best"].as_bool() == Some(true))
+        .find(|l| serde_json::from_str::<KvikioLine>(l).is_ok_and(|l| l.best))
         .ok_or_else(|| {
             format!(
                 "no result line in the KvikIO peer's output: {}",
                 text.trim()
             )
         })?;
-    let (Some(gbps), Some(iops), Some(threads)) = (
-        best["gbps"].as_f64(),
-        best["iops"].as_f64(),
-        best["threads"].as_u64(),
-    ) else {
-        return Err(format!(
-            "the KvikIO peer's result line lacks figures: {best}"
-        ));
-    };
+    let best: KvikioBest = serde_json::from_str(line)
+        .map_err(|e| format!("the KvikIO peer's result line lacks figures ({e}): {line}"))?;
     Ok(PeerResult {
-        name: "kvikio",
-        gbps,
-        iops,
-        cores: best["cores"].as_f64(),
-        detail: Some(format!("KvikIO best at {threads} threads")),
+        peer: Peer::Kvikio,
+        gbps: best.gbps,
+        iops: best.iops,
+        cores: best.cores,
+        detail: Some(format!("KvikIO best at {} threads", best.threads)),
     })
 }
 
@@ -310,7 +370,7 @@ pub(super) async fn spdk_perf(
         return Err(format!("no Total line in SPDK perf's output: {}", text.trim()).into());
     };
     Ok(PeerResult {
-        name: "spdk-perf",
+        peer: Peer::SpdkPerf,
         gbps: mibs * 1048576.0 / 1e9,
         iops,
         // perf does not report it (it busy-polls its one core by design).
@@ -325,7 +385,7 @@ mod tests {
 
     fn peer(gbps: f64, cores: Option<f64>, detail: &str) -> PeerResult {
         PeerResult {
-            name: "kvikio",
+            peer: Peer::Kvikio,
             gbps,
             iops: gbps * 1000.0,
             cores,
@@ -351,6 +411,25 @@ mod tests {
     }
 
     #[test]
+    fn fio_figures_come_from_the_direction_measured() {
+        // fio 3.33's output, cut down (the real one has dozens more fields per job).
+        let out = br#"{"fio version":"fio-3.33","jobs":[{"jobname":"gpuio-peer","error":0,
+            "read":{"io_bytes":1048576000,"bw_bytes":1048576000,"iops":16000.0,"runtime":1000},
+            "write":{"io_bytes":0,"bw_bytes":0,"iops":0.000000,"runtime":0},
+            "usr_cpu":10.5,"sys_cpu":33.5,"ctx":1}],"disk_util":[]}"#;
+        let p = parse_fio(out, Rw::Read).unwrap();
+        assert_eq!(
+            (p.peer, p.gbps, p.iops, p.cores),
+            (Peer::Fio, 1.048576, 16000.0, Some(0.44))
+        );
+        assert_eq!(parse_fio(out, Rw::Write).unwrap().iops, 0.0);
+        let err = parse_fio(br#"{"jobs":[]}"#, Rw::Read).unwrap_err();
+        assert!(err.to_string().contains("no job"), "{err}");
+        let err = parse_fio(br#"{"jobs":[{"read":{"iops":1.0}}]}"#, Rw::Read).unwrap_err();
+        assert!(err.to_string().contains("bw_bytes"), "{err}");
+    }
+
+    #[test]
     fn the_kvikio_peer_reports_its_best_thread_count() {
         let out = concat!(
             r#"{"threads":8,"gbps":47.1,"iops":2807.0,"cores":3.2}"#,
@@ -362,8 +441,8 @@ mod tests {
         );
         let p = parse_kvikio_peer(out).unwrap();
         assert_eq!(
-            (p.name, p.gbps, p.iops, p.cores),
-            ("kvikio", 47.1, 2807.0, Some(3.2))
+            (p.peer, p.gbps, p.iops, p.cores),
+            (Peer::Kvikio, 47.1, 2807.0, Some(3.2))
         );
         assert_eq!(p.detail.as_deref(), Some("KvikIO best at 8 threads"));
         let err = parse_kvikio_peer(r#"{"threads":8,"gbps":1.0}"#).unwrap_err();

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::{Backend, Engine, EngineBuilder, OpenOptions};
+use hdrhistogram::Histogram;
 
 use crate::CliResult;
 use crate::size::fmt_bytes;
@@ -17,9 +18,11 @@ mod args;
 mod peers;
 mod report;
 
+use report::{PeerFields, PointJson};
+
 pub use args::{BenchArgs, BenchBackend, Pattern, Rw, Target};
 use peers::{
-    PeerResult, fio, fio_available, kvikio_peer, kvikio_peer_binary, median_peer, spdk_perf,
+    Peer, PeerResult, fio, fio_available, kvikio_peer, kvikio_peer_binary, median_peer, spdk_perf,
     spdk_perf_binary,
 };
 
@@ -57,9 +60,9 @@ pub struct Measurement {
     /// Requests per second.
     pub iops: f64,
     /// Median request latency.
-    pub lat_p50_us: u32,
+    pub lat_p50_us: u64,
     /// 99th percentile request latency.
-    pub lat_p99_us: u32,
+    pub lat_p99_us: u64,
     /// CPU cores the whole process kept busy (user + system) while it ran.
     pub cores: f64,
     /// The peers on the same target and settings (medians), under --compare: fio (or SPDK's
@@ -70,7 +73,27 @@ pub struct Measurement {
 struct TaskStats {
     bytes: u64,
     ops: u64,
-    lat_us: Vec<u32>,
+    /// Request latencies in microseconds.
+    lat_us: Histogram<u64>,
+}
+
+impl TaskStats {
+    fn new() -> TaskStats {
+        TaskStats {
+            bytes: 0,
+            ops: 0,
+            // 1 us to an hour at 3 significant digits (percentiles within 0.1%); longer
+            // requests count as an hour.
+            lat_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("constant histogram bounds are valid"),
+        }
+    }
+
+    fn record(&mut self, since: Instant) {
+        let us = since.elapsed().as_micros();
+        self.lat_us
+            .saturating_record(u64::try_from(us).unwrap_or(u64::MAX));
+    }
 }
 
 pub async fn run(a: BenchArgs) -> CliResult {
@@ -246,7 +269,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
                 report::against_peers(&mut m, &peers, rounds)?;
                 m.result.peers = peers;
                 if a.json {
-                    outln!("{}", m.json)?;
+                    outln!("{}", serde_json::to_string(&m.json)?)?;
                 }
                 results.push(m.result);
             }
@@ -271,10 +294,11 @@ pub async fn run(a: BenchArgs) -> CliResult {
 
 struct PointOutput {
     result: Measurement,
-    json: serde_json::Value,
+    json: PointJson,
 }
 
-/// Runs one point: its own engine, `qd` tasks for `a.seconds`, every latency recorded.
+/// Runs one point: its own engine, `qd` tasks for `a.seconds`, every latency recorded in a
+/// histogram.
 async fn measure(
     a: &BenchArgs,
     point: Point,
@@ -383,11 +407,7 @@ async fn measure(
         };
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 ^ t as u64);
-            let mut st = TaskStats {
-                bytes: 0,
-                ops: 0,
-                lat_us: Vec::new(),
-            };
+            let mut st = TaskStats::new();
             while start.elapsed() < deadline {
                 if pattern == Pattern::Batch {
                     // A fresh plan per batch: preparing it is part of the cost measured.
@@ -404,8 +424,7 @@ async fn measure(
                         Buffer::Aligned(b) => plan.read_into(b).await.total()?,
                         Buffer::Gpu(b) => plan.read_into(b).await.total()?,
                     };
-                    st.lat_us
-                        .push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                    st.record(t0);
                     st.bytes += n as u64;
                     st.ops += batch as u64;
                     bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -429,8 +448,7 @@ async fn measure(
                     (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,
                     (Rw::Write, Buffer::Gpu(b)) => file.write_from(b, off).await?,
                 };
-                st.lat_us
-                    .push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                st.record(t0);
                 st.bytes += n as u64;
                 st.ops += 1;
                 bytes_done.fetch_add(n as u64, Ordering::Relaxed);
@@ -455,16 +473,14 @@ async fn measure(
             }
         })
     };
-    let mut all = TaskStats {
-        bytes: 0,
-        ops: 0,
-        lat_us: Vec::new(),
-    };
+    let mut all = TaskStats::new();
     for t in tasks {
         let st = t.await??;
         all.bytes += st.bytes;
         all.ops += st.ops;
-        all.lat_us.extend(st.lat_us);
+        all.lat_us
+            .add(&st.lat_us)
+            .map_err(|e| format!("merging latency histograms: {e}"))?;
     }
     // Device copies are queued when a read resolves: the clock stops when they have landed.
     for s in &streams {
@@ -478,13 +494,8 @@ async fn measure(
     let cpu = process_cpu_seconds() - cpu_start;
     ticker.abort();
     pb.finish_and_clear();
-    all.lat_us.sort_unstable();
-    let pct = |p: f64| -> u32 {
-        if all.lat_us.is_empty() {
-            return 0;
-        }
-        all.lat_us[((all.lat_us.len() - 1) as f64 * p).round() as usize]
-    };
+    // 0 where nothing completed.
+    let pct = |q: f64| all.lat_us.value_at_quantile(q);
     let gbps = all.bytes as f64 / secs / 1e9;
     let iops = all.ops as f64 / secs;
     // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
@@ -512,31 +523,34 @@ async fn measure(
         cpu / secs,
         cpu / (all.bytes as f64 / 1e9).max(1e-9),
     )?;
-    let json = serde_json::json!({
-        "cpu_cores": cpu / secs,
-        "cpu_s_per_gb": cpu / (all.bytes as f64 / 1e9).max(1e-9),
-        "bytes": all.bytes,
-        "seconds": secs,
-        "gbps": gbps,
-        "iops": iops,
-        "backend": served_by,
-        "backend_requested": backend.to_string(),
-        "backend_detail": engine.backend().detail,
-        "rw": format!("{:?}", a.rw).to_lowercase(),
-        "pattern": format!("{:?}", a.pattern).to_lowercase(),
-        "bs": bs,
-        "qd": qd,
-        "direct": a.direct,
-        "to": a.to.to_string(),
-        "bounce_pinned": engine.bounce_pool_pinned(),
-        "inline_copies": a.inline_copies,
-        "reactor_spin_us": a.reactor_spin_us,
-        "reactor_tick_us": a.reactor_tick_us,
-        "ops": all.ops,
-        "lat_p50_us": pct(0.5),
-        "lat_p99_us": pct(0.99),
-        "file": nvme.map_or_else(|| path.display().to_string(), str::to_string),
-    });
+    let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
+    let json = PointJson {
+        bytes: all.bytes,
+        seconds: secs,
+        gbps,
+        iops,
+        ops: all.ops,
+        lat_p50_us: pct(0.5),
+        lat_p99_us: pct(0.99),
+        cpu_cores: cpu / secs,
+        cpu_s_per_gb: cpu / (all.bytes as f64 / 1e9).max(1e-9),
+        backend: served_by.clone(),
+        backend_requested: backend.to_string(),
+        backend_detail: engine.backend().detail.clone(),
+        bounce_pinned: engine.bounce_pool_pinned(),
+        rw: a.rw,
+        pattern: a.pattern,
+        bs,
+        qd,
+        direct: a.direct,
+        to: a.to.to_string(),
+        inline_copies: a.inline_copies,
+        reactor_spin_us: a.reactor_spin_us,
+        reactor_tick_us: a.reactor_tick_us,
+        file: file_name,
+        vs: None,
+        peers: PeerFields::default(),
+    };
     Ok(PointOutput {
         result: Measurement {
             point,
