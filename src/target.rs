@@ -368,3 +368,25 @@ fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+impl Target {
+    /// A target with no descriptor, for reactor tests whose fake lane never touches a file.
+    /// `ino` tells targets apart in the range fence.
+    pub(crate) fn fake(ino: u64) -> Target {
+        Target {
+            fd: None,
+            fence_key: FileKey { dev: u64::MAX, ino },
+            nvme: None,
+            buffered: None,
+            #[cfg(feature = "cuda")]
+            gds: std::sync::OnceLock::new(),
+            path: Arc::from(Path::new("fake")),
+            align: 1,
+            write_align: 1,
+            dio: None,
+            readable: true,
+            writable: true,
+        }
+    }
+}

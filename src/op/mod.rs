@@ -120,6 +120,15 @@ impl OpShared {
         std::mem::take(&mut self.lock().ready)
     }
 
+    /// Tests: the result, if set, as text (taking nothing).
+    #[cfg(test)]
+    pub(crate) fn peek_result(&self) -> Option<std::result::Result<u64, String>> {
+        self.lock()
+            .result
+            .as_ref()
+            .map(|r| r.as_ref().map(|n| *n).map_err(|e| e.to_string()))
+    }
+
     /// Sets the result (first one wins) and wakes the future.
     pub(crate) fn complete(&self, r: Result<u64>) {
         let waker = {

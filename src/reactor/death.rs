@@ -52,7 +52,7 @@ impl Reactor {
     }
 
     /// Fails everything pending with `reason` and quarantines what may still be written.
-    fn die(&mut self, reason: String) {
+    pub(super) fn die(&mut self, reason: String) {
         tracing::error!(%reason, "gpuio reactor died");
         let in_lanes = self.ios.len() > self.fenced.len();
         for (_, op) in self.ops.iter_mut() {

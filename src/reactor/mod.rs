@@ -60,6 +60,8 @@
 
 mod complete;
 mod death;
+#[cfg(test)]
+mod fake;
 pub(crate) mod fence;
 mod gate;
 mod sched;

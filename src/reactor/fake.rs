@@ -1,0 +1,419 @@
+//! A fake main lane for the reactor's unit tests: it records the pieces pushed to it and
+//! completes them only when the test says so, filling read pieces with a pattern (byte =
+//! file offset mod 251), so the reactor's window, cancel, reclaim and death logic can be
+//! driven by hand, one [`Reactor::turn`](super::Reactor::turn) at a time, with no thread,
+//! file, kernel or GPU.
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem};
+
+/// A piece the reactor pushed.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pushed {
+    pub(super) token: u64,
+    pub(super) kind: IoKind,
+    pub(super) pos: u64,
+    pub(super) len: usize,
+    ptr: usize,
+}
+
+/// What the test sees of the lane.
+#[derive(Default)]
+pub(super) struct FakeState {
+    /// Pushed and not yet completed, oldest first.
+    pub(super) pending: Vec<Pushed>,
+    /// Every piece ever pushed.
+    pub(super) pushed: usize,
+    ready: Vec<Completion>,
+}
+
+/// The lane itself (the reactor owns it; the test keeps the shared state).
+pub(super) struct FakeLane(pub(super) Arc<Mutex<FakeState>>);
+
+/// The byte the fake "file" holds at `pos`.
+pub(super) fn pattern(pos: u64) -> u8 {
+    (pos % 251) as u8
+}
+
+impl FakeState {
+    /// Completes the oldest `n` pending pieces in full (reads get the pattern).
+    pub(super) fn complete(&mut self, n: usize) {
+        for p in self.pending.drain(..n.min(self.pending.len())) {
+            if p.kind == IoKind::Read {
+                for i in 0..p.len {
+                    // SAFETY: the reactor handed this memory to the lane for `len` bytes
+                    // and keeps it until the completion below is reaped.
+                    unsafe { *(p.ptr as *mut u8).add(i) = pattern(p.pos + i as u64) };
+                }
+            }
+            let res = if p.kind == IoKind::Fsync {
+                0
+            } else {
+                p.len as i32
+            };
+            self.ready.push(Completion {
+                token: p.token,
+                res,
+            });
+        }
+    }
+
+    /// Completes every pending piece.
+    pub(super) fn complete_all(&mut self) {
+        self.complete(self.pending.len());
+    }
+}
+
+impl Lane for FakeLane {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn push(&mut self, io: LaneIo<'_>) -> io::Result<()> {
+        let ptr = match io.mem {
+            LaneMem::Host { ptr, .. } => ptr as usize,
+            _ => 0,
+        };
+        let mut st = self.0.lock().unwrap();
+        st.pushed += 1;
+        st.pending.push(Pushed {
+            token: io.token,
+            kind: io.kind,
+            pos: io.pos,
+            len: io.len,
+            ptr,
+        });
+        Ok(())
+    }
+
+    fn wait(
+        &mut self,
+        _block: bool,
+        _timeout: Option<Duration>,
+        out: &mut Vec<Completion>,
+    ) -> io::Result<()> {
+        out.append(&mut self.0.lock().unwrap().ready);
+        Ok(())
+    }
+
+    fn outstanding(&self) -> usize {
+        let st = self.0.lock().unwrap();
+        st.pending.len() + st.ready.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc::channel;
+
+    use super::*;
+    use crate::buf::arena::BounceArena;
+    use crate::lane::doorbell::Doorbell;
+    use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
+    use crate::op::request::OpRequest;
+    use crate::op::{OpShared, ReadyPiece};
+    use crate::reactor::{Reactor, ReactorConfig, Turn};
+    use crate::target::Target;
+
+    const K: usize = 1024;
+
+    /// A reactor on a fake lane, driven by hand.
+    struct Harness {
+        reactor: Reactor,
+        lane: Arc<Mutex<FakeState>>,
+        handle: Arc<ReactorHandle>,
+        arena: Arc<BounceArena>,
+    }
+
+    /// `blocks` bounce blocks of `block` bytes, pieces of `chunk` bytes, `qd` in the lane.
+    fn harness(block: usize, blocks: usize, chunk: usize, qd: usize) -> Harness {
+        let arena = Arc::new(BounceArena::new(block, blocks, 0).unwrap());
+        let doorbell = Arc::new(Doorbell::new().unwrap());
+        let (tx, rx) = channel();
+        let handle = Arc::new(ReactorHandle::new(tx, doorbell, arena.clone()));
+        let lane = Arc::new(Mutex::new(FakeState::default()));
+        let cfg = ReactorConfig {
+            chunk_size: chunk,
+            queue_depth: qd,
+            punt_min: None,
+            spin: Duration::ZERO,
+            tick: Duration::ZERO,
+            pool_wait_limit: Duration::from_secs(5),
+        };
+        let reactor = Reactor::new(rx, Box::new(FakeLane(lane.clone())), handle.clone(), cfg);
+        Harness {
+            reactor,
+            lane,
+            handle,
+            arena,
+        }
+    }
+
+    impl Harness {
+        fn submit(&self, req: OpRequest) -> Arc<OpShared> {
+            let shared = OpShared::new();
+            self.handle.send(Msg::Submit(SubmitMsg {
+                shared: Some(shared.clone()),
+                req: Some(req),
+            }));
+            shared
+        }
+
+        fn read(&self, file: &Arc<Target>, offset: u64, len: u64) -> Arc<OpShared> {
+            self.submit(OpRequest::Read {
+                file: file.clone(),
+                offset,
+                len,
+                device: None,
+                owned: None,
+            })
+        }
+
+        fn write(&self, file: &Arc<Target>, offset: u64, len: u64) -> Arc<OpShared> {
+            self.submit(OpRequest::Write {
+                file: file.clone(),
+                offset,
+                len,
+                device: None,
+            })
+        }
+
+        fn turn(&mut self) -> Turn {
+            self.reactor.turn(false).unwrap()
+        }
+
+        fn pending(&self) -> Vec<Pushed> {
+            self.lane.lock().unwrap().pending.clone()
+        }
+
+        fn complete(&self, n: usize) {
+            self.lane.lock().unwrap().complete(n);
+        }
+
+        fn complete_all(&self) {
+            self.lane.lock().unwrap().complete_all();
+        }
+
+        /// The future's part of a read: checks the pieces handed over against the pattern and
+        /// gives their slots back. Returns the bytes seen.
+        fn take_read(&self, op: &Arc<OpShared>) -> usize {
+            let pieces = op.reclaim_ready();
+            let mut seen = 0;
+            for p in &pieces {
+                // SAFETY: the reactor handed these slots to "the future" (this test).
+                let bytes = unsafe { self.arena.slot_bytes(&p.slot, p.valid) };
+                for (i, b) in bytes.iter().enumerate() {
+                    assert_eq!(*b, pattern(p.piece.pos + i as u64), "byte {}", p.piece.pos);
+                }
+                seen += p.valid;
+            }
+            let slots = pieces.into_iter().map(|p| p.slot).collect();
+            self.handle.send(Msg::Release(op.clone(), slots));
+            seen
+        }
+
+        /// The future's part of a write: fills the empty slots handed over and sends them
+        /// back. Returns the pieces filled.
+        fn fill_write(&self, op: &Arc<OpShared>) -> usize {
+            let pieces: Vec<ReadyPiece> = op.reclaim_ready();
+            let n = pieces.len();
+            for p in &pieces {
+                // SAFETY: as in `take_read`.
+                let bytes = unsafe { self.arena.slot_bytes_mut(&p.slot, p.valid) };
+                bytes.fill(0xAB);
+            }
+            self.handle.send(Msg::Filled(op.clone(), pieces));
+            n
+        }
+
+        fn slots_in_use(&self) -> usize {
+            self.reactor.slots.host.in_use()
+        }
+    }
+
+    /// One large read holds at most its window (a quarter of the pool) of slots; a small read
+    /// submitted after it still starts at once; the large one resumes as slots come back,
+    /// and every byte arrives.
+    #[test]
+    fn window_bounds_one_op_and_others_still_run() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let big = h.read(&file, 0, 4 << 20);
+        let small = h.read(&file, 8 << 20, 4 * K as u64);
+        h.turn();
+        let pending = h.pending();
+        let big_pieces = pending.iter().filter(|p| p.pos < 8 << 20).count();
+        assert_eq!(big_pieces, 4, "window = 1 MiB / 4 = four 64 KiB pieces");
+        assert_eq!(pending.len(), 5, "the small read starts beside it");
+        h.complete_all();
+        h.turn();
+        assert_eq!(h.take_read(&small), 4 * K);
+        h.turn();
+        assert_eq!(small.peek_result(), Some(Ok(4 * K as u64)));
+        assert!(
+            h.pending().is_empty(),
+            "no new piece while the big read's slots are out"
+        );
+        let mut got = 0;
+        for _ in 0..64 {
+            got += h.take_read(&big);
+            h.turn();
+            assert!(
+                h.pending().len() <= 4,
+                "never more than the window in the lane"
+            );
+            h.complete_all();
+            h.turn();
+            if big.peek_result().is_some() {
+                break;
+            }
+        }
+        got += h.take_read(&big);
+        assert_eq!(got, 4 << 20);
+        assert_eq!(big.peek_result(), Some(Ok(4 << 20)));
+        h.turn();
+        assert_eq!(h.slots_in_use(), 0);
+        assert!(h.reactor.ops.is_empty());
+    }
+
+    /// Cancelling an op with pieces in the lane starts nothing more; the pieces' slots come
+    /// back when the lane completes them, and the op leaves the table without a result.
+    #[test]
+    fn cancel_stops_new_pieces_and_frees_every_slot() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let op = h.read(&file, 0, 4 << 20);
+        h.turn();
+        assert_eq!(h.pending().len(), 4);
+        h.handle.send(Msg::Cancel(op.clone()));
+        h.turn();
+        let pushed = h.lane.lock().unwrap().pushed;
+        assert_eq!(
+            h.slots_in_use(),
+            4 * 64 * K,
+            "pieces in the lane keep their slots"
+        );
+        h.complete_all();
+        h.turn();
+        h.turn();
+        assert_eq!(
+            h.lane.lock().unwrap().pushed,
+            pushed,
+            "nothing started after cancel"
+        );
+        assert_eq!(h.slots_in_use(), 0);
+        assert!(h.reactor.ops.is_empty() && h.reactor.ios.is_empty());
+        assert_eq!(op.peek_result(), None, "a cancelled op has nobody to tell");
+        assert!(
+            op.reclaim_ready().is_empty(),
+            "no slot left with the dropped future"
+        );
+    }
+
+    /// Pieces handed to a future that is then dropped without taking them come back to the
+    /// pool (the reactor reclaims them on cancel).
+    #[test]
+    fn cancel_reclaims_pieces_the_future_never_took() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let op = h.read(&file, 0, 256 * K as u64);
+        h.turn();
+        h.complete_all();
+        h.turn();
+        assert_eq!(h.slots_in_use(), 256 * K, "handed to the future, not taken");
+        h.handle.send(Msg::Cancel(op.clone()));
+        h.turn();
+        assert_eq!(h.slots_in_use(), 0);
+        assert!(h.reactor.ops.is_empty());
+    }
+
+    /// A write: empty slots go to the future, come back filled, go to the lane; a second write
+    /// over the same range waits outside the lane until the first one's piece completes.
+    #[test]
+    fn overlapping_writes_reach_the_lane_in_order() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let first = h.write(&file, 0, 64 * K as u64);
+        h.turn();
+        assert_eq!(h.fill_write(&first), 1);
+        h.turn();
+        assert_eq!(h.pending().len(), 1);
+        let second = h.write(&file, 4 * K as u64, 4 * K as u64);
+        h.turn();
+        assert_eq!(h.fill_write(&second), 1);
+        h.turn();
+        assert_eq!(
+            h.pending().len(),
+            1,
+            "the overlapping write waits for the first"
+        );
+        h.complete(1);
+        h.turn();
+        assert_eq!(first.peek_result(), Some(Ok(64 * K as u64)));
+        h.turn();
+        let pending = h.pending();
+        assert_eq!(pending.len(), 1, "now it runs");
+        assert_eq!((pending[0].pos, pending[0].len), (4 * K as u64, 4 * K));
+        h.complete_all();
+        h.turn();
+        assert_eq!(second.peek_result(), Some(Ok(4 * K as u64)));
+        assert_eq!(h.slots_in_use(), 0);
+    }
+
+    /// Every handle gone: ops still running fail with `Shutdown`, the reactor waits for the
+    /// pieces in its lane, then reports itself drained.
+    #[test]
+    fn shutdown_waits_for_the_lane_then_drains() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let op = h.read(&file, 0, 1 << 20);
+        h.turn();
+        h.handle.close();
+        assert_eq!(h.turn(), Turn::Running, "pieces still in the lane");
+        assert_eq!(op.peek_result(), None, "not finished while pieces are out");
+        h.complete_all();
+        assert_eq!(h.turn(), Turn::Running, "this turn reaps the completions");
+        assert_eq!(h.turn(), Turn::Drained);
+        let r = op.peek_result().expect("failed once drained");
+        assert!(r.unwrap_err().contains("shut down"));
+        assert_eq!(h.slots_in_use(), 0);
+    }
+
+    /// A reactor that dies with pieces in its lane fails every op with `ReactorDied` and
+    /// quarantines the lane, the pool and the ops (named); one with nothing in its lane
+    /// quarantines nothing.
+    #[test]
+    fn death_quarantines_only_what_a_lane_may_still_write() {
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let op = h.read(&file, 0, 1 << 20);
+        h.turn();
+        assert!(!h.pending().is_empty());
+        let reason = "fake-lane death with pieces out".to_string();
+        h.reactor.die(reason.clone());
+        let r = op.peek_result().unwrap().unwrap_err();
+        assert!(r.contains(&reason), "{r}");
+        let held = crate::buf::quarantine::quarantined();
+        assert!(
+            held.iter().any(|w| w.contains(&reason)),
+            "quarantine names it: {held:?}"
+        );
+
+        let mut idle = harness(64 * K, 16, 64 * K, 64);
+        let op = idle.read(&file, 0, 64 * K as u64);
+        idle.turn();
+        idle.complete_all();
+        idle.turn();
+        let reason = "fake-lane death with nothing out".to_string();
+        idle.reactor.die(reason.clone());
+        assert!(op.peek_result().is_some());
+        let held = crate::buf::quarantine::quarantined();
+        assert!(
+            !held.iter().any(|w| w.contains(&reason)),
+            "nothing in the lane: nothing quarantined: {held:?}"
+        );
+    }
+}
