@@ -543,8 +543,8 @@ impl Engine {
     /// `stream.synchronize()` inside async code (a tokio worker parked in
     /// `cuStreamSynchronize` stalls every task scheduled on it).
     #[cfg(feature = "cuda")]
-    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::cuda::StreamSync {
-        crate::cuda::start_sync(&self.inner.shared, stream)
+    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::op::sync::StreamSync {
+        crate::op::sync::start(&self.inner.shared, stream)
     }
 
     /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.

@@ -355,7 +355,7 @@ impl File {
             #[cfg(feature = "cuda")]
             ReadTarget::Device(dst) => {
                 device = Some(dst.own_stream().context().clone());
-                Either::Device(crate::cuda::copy::DeviceCopyOut {
+                Either::Device(crate::op::device::DeviceCopyOut {
                     dst,
                     offset,
                     stream: None,
@@ -446,7 +446,7 @@ impl File {
         // out for use on `stream`; dropping `guard` right after records cudarc's event for it
         // behind the queued operation, so every later use (and the free) follows it.
         let queued = unsafe {
-            crate::gds::stream::enqueue(
+            crate::op::stream::enqueue(
                 &engine,
                 &self.inner,
                 stream,
@@ -503,7 +503,7 @@ impl File {
             #[cfg(feature = "cuda")]
             WriteSource::Device(src) => {
                 device = Some(src.own_stream().context().clone());
-                Either::Device(crate::cuda::copy::DeviceFill {
+                Either::Device(crate::op::device::DeviceFill {
                     src,
                     offset,
                     stream: None,

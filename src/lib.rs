@@ -75,6 +75,8 @@ pub use error::{Context, Error, OpKind, Result};
 pub use file::StreamIo;
 pub use file::{File, OpenOptions};
 pub use op::read::ReadInto;
+#[cfg(feature = "cuda")]
+pub use op::sync::StreamSync;
 pub use op::write::WriteFrom;
 
 /// Checks that the `cargo fuzz` targets in `fuzz/` run against the request planner (built only

@@ -105,8 +105,7 @@ impl Target {
                 }
             })?;
         let fd: OwnedFd = file.into();
-        let (ftype, fence_key) =
-            align::file_type_and_key(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
+        let (ftype, fence_key) = file_type_and_key(fd.as_fd()).map_err(|e| Error::io(ctx(), e))?;
         if ftype != libc::S_IFREG && ftype != libc::S_IFBLK {
             let what = match ftype {
                 libc::S_IFDIR => "a directory",
@@ -367,6 +366,26 @@ fn clear_nonblock(fd: &OwnedFd) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The file type (`S_IFMT` bits) of `fd` and the identity its I/O is ordered by (see
+/// `reactor::fence`): device and inode for a file; the device number for a block device, so
+/// that every node of one disk is the same key.
+fn file_type_and_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u32, FileKey)> {
+    let stx = align::statx_fd(fd, libc::STATX_TYPE | libc::STATX_INO)?;
+    let ftype = u32::from(stx.stx_mode) & libc::S_IFMT;
+    let key = if ftype == libc::S_IFBLK {
+        FileKey {
+            dev: u64::MAX,
+            ino: libc::makedev(stx.stx_rdev_major, stx.stx_rdev_minor),
+        }
+    } else {
+        FileKey {
+            dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+            ino: stx.stx_ino,
+        }
+    };
+    Ok((ftype, key))
 }
 
 #[cfg(test)]

@@ -37,6 +37,8 @@
 //! ```
 
 mod catalog;
+#[cfg(feature = "cuda")]
+mod device;
 
 pub use catalog::{Catalog, Extent, RecordKind};
 
@@ -236,7 +238,7 @@ impl BatchPlan {
             let outcomes = match dst.target() {
                 ReadTarget::Host(buf) => read_host(&fit, buf).await,
                 #[cfg(feature = "cuda")]
-                ReadTarget::Device(d) => crate::cuda::read_batch_device(&fit, d).await,
+                ReadTarget::Device(d) => device::read_batch_device(&fit, d).await,
             };
             for (run, outcome) in fit.iter().zip(outcomes) {
                 distribute(run, outcome, &self.descs, &mut results);
@@ -258,7 +260,10 @@ impl BatchPlan {
 
 impl Run {
     /// The run's read into `dst` (exactly `self.len` bytes long).
-    pub(crate) fn read<'a, D: ReadDst + ?Sized>(&'a self, dst: &'a mut D) -> crate::ReadInto<'a> {
+    pub(crate) fn read<'a, D: ReadDst + ?Sized>(
+        &'a self,
+        dst: &'a mut D,
+    ) -> crate::op::read::ReadInto<'a> {
         self.file.read_into(dst, self.offset)
     }
 

@@ -8,6 +8,8 @@
 
 pub(crate) mod aligned;
 pub(crate) mod arena;
+#[cfg(feature = "cuda")]
+mod device;
 pub(crate) mod owned;
 pub(crate) mod quarantine;
 

@@ -1,4 +1,4 @@
-//! Device memory types gpuio reads into and writes from: cudarc's `CudaSlice<T>`,
+//! Device memory as the copy paths see it ([`DeviceDst`], [`DeviceSrc`]): cudarc's `CudaSlice<T>`,
 //! `CudaViewMut<T>` (destinations) and `CudaView<T>` (sources), for element types whose every
 //! bit pattern is valid ([`Pod`]), viewed as bytes.
 
@@ -9,9 +9,6 @@ use cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice,
     SyncOnDrop,
 };
-
-use crate::buf::sealed::Sealed;
-use crate::buf::{ReadDst, ReadTarget, WriteSource, WriteSrc};
 
 mod pod_sealed {
     pub trait Sealed {}
@@ -51,7 +48,6 @@ pub trait DeviceSrc: Send + Sync {
 
 macro_rules! device_src {
     ($($ty:ty),*) => {$(
-        impl<T: Pod> Sealed for $ty {}
         impl<T: Pod> DeviceSrc for $ty {
             fn byte_len(&self) -> usize {
                 DeviceSlice::num_bytes(self)
@@ -61,11 +57,6 @@ macro_rules! device_src {
             }
             fn read_ptr<'s>(&'s self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
                 DevicePtr::device_ptr(self, stream)
-            }
-        }
-        impl<T: Pod> WriteSrc for $ty {
-            fn source(&self) -> WriteSource<'_> {
-                WriteSource::Device(self)
             }
         }
     )*};
@@ -82,11 +73,6 @@ macro_rules! device_dst {
             }
             fn write_ptr<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
                 DevicePtrMut::device_ptr_mut(self, stream)
-            }
-        }
-        impl<T: Pod> ReadDst for $ty {
-            fn target(&mut self) -> ReadTarget<'_> {
-                ReadTarget::Device(self)
             }
         }
     )*};

@@ -4,8 +4,6 @@
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use crate::op::gate::{Gate, GateState};
-
 /// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
 /// An event seen complete goes back to [`EVENT_POOL`] when the gate is dropped.
 pub(crate) struct EventGate {
@@ -22,23 +20,24 @@ impl EventGate {
     }
 }
 
-impl Gate for EventGate {
-    fn poll(&self) -> GateState {
+impl EventGate {
+    /// Whether the event has completed (`Err`: the event or its context failed).
+    pub(crate) fn query(&self) -> Result<bool, String> {
         let Some(ev) = self.event.as_ref() else {
-            return GateState::Broken("event gone".into());
+            return Err("event gone".into());
         };
         if let Err(e) = ev.context().bind_to_thread() {
-            return GateState::Broken(format!("{e:?}"));
+            return Err(format!("{e:?}"));
         }
         // SAFETY: the event is alive (owned by self) and belongs to the bound context.
         match unsafe { sys::cuEventQuery(ev.cu_event()) } {
             CUresult::CUDA_SUCCESS => {
                 self.passed
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                GateState::Open
+                Ok(true)
             }
-            CUresult::CUDA_ERROR_NOT_READY => GateState::Closed,
-            other => GateState::Broken(format!("cuEventQuery: {other:?}")),
+            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => Err(format!("cuEventQuery: {other:?}")),
         }
     }
 }

@@ -28,28 +28,16 @@ mod sys;
 pub use sys::CudaProbe;
 
 #[cfg(feature = "cuda")]
-mod batch;
-#[cfg(feature = "cuda")]
-pub(crate) use batch::read_batch_device;
-#[cfg(feature = "cuda")]
-pub(crate) mod copy;
-#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;
-#[cfg(feature = "cuda")]
-mod sync;
-#[cfg(feature = "cuda")]
-pub(crate) use sync::start as start_sync;
 
 #[cfg(feature = "cuda")]
 pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use device::{DeviceDst, DeviceSrc, Pod};
-#[cfg(feature = "cuda")]
-pub use sync::StreamSync;
 
 /// Looks for the CUDA driver library and asks it for its version and devices.
 pub fn probe() -> CudaProbe {
@@ -65,7 +53,9 @@ fn cached_probe() -> &'static CudaProbe {
 /// The CUDA context of device `ordinal`, or [`Error::Unsupported`](crate::Error::Unsupported) (never a panic) where no
 /// usable driver or device exists.
 #[cfg(feature = "cuda")]
-pub fn context(ordinal: usize) -> crate::Result<std::sync::Arc<cudarc::driver::CudaContext>> {
+pub fn context(
+    ordinal: usize,
+) -> crate::error::Result<std::sync::Arc<cudarc::driver::CudaContext>> {
     use crate::error::{Context, Error, OpKind};
     let ctx = || Context::op(OpKind::Setup).with_backend("cuda");
     let p = cached_probe();

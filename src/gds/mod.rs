@@ -28,12 +28,10 @@
 //! recorded behind it; their size/offset/result parameters live in the reactor until the
 //! stream has passed them.
 
-pub(crate) mod batch;
 pub(crate) mod driver;
 pub(crate) mod handle;
 pub(crate) mod pool;
-pub(crate) mod stream;
-mod sys;
+pub(crate) mod sys;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -123,7 +123,7 @@ pub struct RegisteredBuffer<T: Pod> {
 impl<T: Pod> RegisteredBuffer<T> {
     /// Registers `slice` with cuFile. Fails with [`crate::Error::Unsupported`] where cuFile is
     /// unusable, and with the cuFile code where it refuses the buffer.
-    pub fn new(slice: CudaSlice<T>) -> crate::Result<Self> {
+    pub fn new(slice: CudaSlice<T>) -> crate::error::Result<Self> {
         use crate::error::{Context, Error, OpKind};
         let ctx = || Context::op(OpKind::Setup).with_backend("cufile");
         let cf = cufile().map_err(|e| Error::unsupported(ctx(), e))?;

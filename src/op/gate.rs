@@ -74,3 +74,15 @@ impl Drop for Gated {
         }
     }
 }
+
+/// A CUDA event as a gate (the impl lives here so that `cuda` knows nothing of ops).
+#[cfg(feature = "cuda")]
+impl Gate for crate::cuda::event::EventGate {
+    fn poll(&self) -> GateState {
+        match self.query() {
+            Ok(true) => GateState::Open,
+            Ok(false) => GateState::Closed,
+            Err(why) => GateState::Broken(why),
+        }
+    }
+}

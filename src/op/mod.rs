@@ -3,11 +3,17 @@
 //! side, [`future::OpFuture`], generic over how data crosses into or out of caller memory
 //! (`read`, `write`).
 
+#[cfg(feature = "cuda")]
+pub(crate) mod device;
 pub(crate) mod future;
 pub(crate) mod gate;
 pub(crate) mod msg;
 pub(crate) mod read;
 pub(crate) mod request;
+#[cfg(feature = "cuda")]
+pub(crate) mod stream;
+#[cfg(feature = "cuda")]
+pub(crate) mod sync;
 pub(crate) mod write;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -65,7 +65,7 @@ pub(crate) enum Msg {
     Abandon(Arc<OpShared>, Vec<ReadyPiece>),
     /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
     #[cfg(feature = "cuda")]
-    StreamDone(crate::gds::stream::StreamDone),
+    StreamDone(crate::op::stream::StreamDone),
     /// A stream reached the event behind [`Engine::synchronize`](crate::Engine::synchronize)
     /// (always behind a gate).
     #[cfg(feature = "cuda")]

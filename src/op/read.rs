@@ -58,7 +58,7 @@ impl Transfer for OwnedReturn {
 
 /// Where read bytes go: host memory, or device memory through a copy engine.
 #[cfg(feature = "cuda")]
-pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, crate::cuda::copy::DeviceCopyOut<'a>>;
+pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, crate::op::device::DeviceCopyOut<'a>>;
 #[cfg(not(feature = "cuda"))]
 pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, NoTransfer>;
 

@@ -40,7 +40,7 @@ impl Transfer for HostFill<'_> {
 
 /// Where written bytes come from: host memory, or device memory through a copy engine.
 #[cfg(feature = "cuda")]
-pub(crate) type Fill<'a> = Either<HostFill<'a>, crate::cuda::copy::DeviceFill<'a>>;
+pub(crate) type Fill<'a> = Either<HostFill<'a>, crate::op::device::DeviceFill<'a>>;
 #[cfg(not(feature = "cuda"))]
 pub(crate) type Fill<'a> = Either<HostFill<'a>, NoTransfer>;
 

@@ -5,7 +5,6 @@
 //! the block device's logical block size is used, and failing that the page size, which every
 //! Linux filesystem that supports O_DIRECT accepts.
 
-use crate::target::FileKey;
 use std::ffi::CStr;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -43,7 +42,7 @@ impl std::fmt::Display for AlignmentSource {
 }
 
 /// Raw `statx` of an open descriptor.
-fn statx_fd(fd: BorrowedFd<'_>, mask: u32) -> io::Result<libc::statx> {
+pub(crate) fn statx_fd(fd: BorrowedFd<'_>, mask: u32) -> io::Result<libc::statx> {
     let empty: &CStr = c"";
     // SAFETY: statx is a plain output struct; zeroed is a valid initial value.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
@@ -114,27 +113,6 @@ pub fn file_len(fd: BorrowedFd<'_>) -> io::Result<u64> {
         return Ok(bytes);
     }
     Ok(stx.stx_size)
-}
-
-/// `S_IFMT` bits of the file behind `fd`.
-/// The file type (`S_IFMT` bits) of `fd` and the identity its I/O is ordered by (see
-/// `reactor::fence`): device and inode for a file; the device number for a block device, so
-/// that every node of one disk is the same key.
-pub(crate) fn file_type_and_key(fd: BorrowedFd<'_>) -> io::Result<(u32, FileKey)> {
-    let stx = statx_fd(fd, libc::STATX_TYPE | libc::STATX_INO)?;
-    let ftype = u32::from(stx.stx_mode) & libc::S_IFMT;
-    let key = if ftype == libc::S_IFBLK {
-        FileKey {
-            dev: u64::MAX,
-            ino: libc::makedev(stx.stx_rdev_major, stx.stx_rdev_minor),
-        }
-    } else {
-        FileKey {
-            dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
-            ino: stx.stx_ino,
-        }
-    };
-    Ok((ftype, key))
 }
 
 /// `statfs` magic of the filesystem behind `fd`.

@@ -23,8 +23,8 @@ impl Reactor {
         let res = c.res;
         #[cfg(feature = "cuda")]
         if io.slot.is_some_and(|s| s.on_device)
-            && (res == crate::gds::batch::RES_LOST
-                || crate::gds::batch::cufile_code_of(res).is_some())
+            && (res == crate::lane::cufile::RES_LOST
+                || crate::lane::cufile::cufile_code_of(res).is_some())
         {
             self.on_cufile_failure(token, res);
             return;
@@ -90,8 +90,8 @@ impl Reactor {
     /// path for the file where the status says cuFile cannot serve it (unless forced), else fail.
     #[cfg(feature = "cuda")]
     fn on_cufile_failure(&mut self, token: usize, res: i32) {
-        use crate::gds::batch::{RES_LOST, cufile_code_of};
         use crate::gds::driver::CufileCode;
+        use crate::lane::cufile::{RES_LOST, cufile_code_of};
         let io = self.ios.remove(token);
         if let Some(t) = &io.ticket {
             self.fence.release(t);

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
-use super::DeviceDst;
-use crate::batch::Run;
+use super::Run;
 use crate::buf::sealed::Sealed;
 use crate::buf::{ReadDst, ReadTarget};
+use crate::cuda::DeviceDst;
 use crate::error::Result;
 
 /// `len` bytes of device memory at `ptr`, part of a destination a batch holds exclusively.

@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 
-use super::driver::{CufileCode, check, cufile};
+use super::OpShared;
+use super::gate::Gated;
+use super::msg::{Msg, ReactorHandle};
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::op::OpShared;
-use crate::op::gate::Gated;
-use crate::op::msg::{Msg, ReactorHandle};
+use crate::gds::driver::{CufileCode, check, cufile};
 use crate::target::Target;
 
 /// What cuFile reads and writes while the stream runs the operation.

@@ -11,12 +11,12 @@ use std::task::{Context as TaskContext, Poll};
 
 use cudarc::driver::CudaStream;
 
-use super::event::EventGate;
+use super::OpShared;
+use super::future::{NoTransfer, OpFuture};
+use super::gate::Gated;
+use super::msg::{Msg, ReactorHandle};
+use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::op::OpShared;
-use crate::op::future::{NoTransfer, OpFuture};
-use crate::op::gate::Gated;
-use crate::op::msg::{Msg, ReactorHandle};
 
 /// Future of [`Engine::synchronize`](crate::Engine::synchronize): resolves once the stream has
 /// finished everything queued on it before the call. Dropping it only stops the waiting.

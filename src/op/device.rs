@@ -5,14 +5,14 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUresult};
 use cudarc::driver::{CudaEvent, CudaStream};
 
-use super::device::{DeviceDst, DeviceSrc};
-use super::event::{EVENT_POOL, EventGate};
+use super::future::Transfer;
+use super::gate::Gated;
+use super::msg::Msg;
+use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
+use crate::cuda::event::{EVENT_POOL, EventGate};
+use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
-use crate::op::future::Transfer;
-use crate::op::gate::Gated;
-use crate::op::msg::Msg;
-use crate::op::{OpShared, ReadyPiece, Staging};
 
 /// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
 /// binds the context, makes sure the pool is pinned, runs `issue(stream)`, and records the
