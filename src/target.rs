@@ -388,6 +388,27 @@ fn file_type_and_key(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<(u32, F
     Ok((ftype, key))
 }
 
+impl Target {
+    /// No file: what an op that only waits on a CUDA stream (`Engine::synchronize`) names in
+    /// its table entry.
+    pub(crate) fn unnamed() -> Target {
+        Target {
+            fd: None,
+            fence_key: FileKey { dev: 0, ino: 0 },
+            nvme: None,
+            buffered: None,
+            #[cfg(feature = "cuda")]
+            gds: std::sync::OnceLock::new(),
+            path: Arc::from(Path::new("")),
+            align: 1,
+            write_align: 1,
+            dio: None,
+            readable: false,
+            writable: false,
+        }
+    }
+}
+
 #[cfg(test)]
 impl Target {
     /// A target with no descriptor, for reactor tests whose fake lane never touches a file.

@@ -10,7 +10,7 @@ use super::gate::Gated;
 use super::request::OpRequest;
 use super::{OpShared, ReadyPiece};
 use crate::buf::arena::{BounceArena, BounceSlot};
-use crate::error::{Context, Error, OpKind};
+use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::doorbell::Doorbell;
 
 /// `Error::Shutdown` instead of leaving the future waiting forever.
@@ -27,7 +27,9 @@ impl SubmitMsg {
         if let Some(s) = self.shared.take() {
             let mut ctx = Context::op(self.req.as_ref().map_or(OpKind::Shutdown, |r| r.op_kind()));
             if let Some(r) = &mut self.req {
-                ctx = ctx.with_path(&r.file().path);
+                if let Some(f) = r.file() {
+                    ctx = ctx.with_path(&f.path);
+                }
                 // Never submitted: an owned buffer goes back untouched.
                 if let OpRequest::Read { owned, .. } = r {
                     if let Some(o) = owned.take() {
@@ -63,13 +65,10 @@ pub(crate) enum Msg {
     /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
     /// account for them, never reuse their slots.
     Abandon(Arc<OpShared>, Vec<ReadyPiece>),
-    /// A stream-ordered cuFile operation the stream has passed (always behind a gate).
-    #[cfg(feature = "cuda")]
-    StreamDone(crate::op::stream::StreamDone),
-    /// A stream reached the event behind [`Engine::synchronize`](crate::Engine::synchronize)
-    /// (always behind a gate).
-    #[cfg(feature = "cuda")]
-    StreamIdle(Arc<OpShared>),
+    /// A stream has passed work the op (in the table since its `OpRequest::Await`) waited
+    /// for: always behind a gate.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Awaited(Arc<OpShared>, Awaited),
     /// Tests only: panic at the next completion (with I/O in flight), to prove that a reactor
     /// panic fails every pending future and leaves nothing hanging.
     #[cfg(test)]
@@ -77,31 +76,6 @@ pub(crate) enum Msg {
 }
 
 impl Msg {
-    /// Completes, with `why`, an op the reactor does not track in its table (stream work
-    /// whose only record is this message), so its future cannot wait forever once the message
-    /// is dropped or leaked. Ops in the table are failed by the reactor itself.
-    pub(crate) fn fail_untracked(&self, why: &str) {
-        #[cfg(feature = "cuda")]
-        match self {
-            Msg::StreamDone(done) => done.shared.complete(Err(Error::cuda_msg(
-                Context::op(done.op).with_path(&done.file.path),
-                why,
-            ))),
-            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
-                Context::op(OpKind::Sync).with_backend("cuda"),
-                why,
-            ))),
-            Msg::Gated(g) => {
-                if let Some(m) = &g.inner {
-                    m.fail_untracked(why);
-                }
-            }
-            _ => {}
-        }
-        #[cfg(not(feature = "cuda"))]
-        let _ = (self, why);
-    }
-
     /// Whether the reactor must be woken for this message. Slot returns and cancellations
     /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
     /// gated message is as urgent as the message behind its gate.
@@ -110,6 +84,29 @@ impl Msg {
             Msg::Release(..) | Msg::Cancel(..) => false,
             Msg::Gated(g) => g.inner.as_ref().is_some_and(|m| m.is_urgent()),
             _ => true,
+        }
+    }
+}
+
+/// What an awaited op was waiting for, and how its result is read once the stream is past it.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) enum Awaited {
+    /// A stream-ordered cuFile read or write: its result is in the parameter block cuFile
+    /// wrote (which must outlive the stream's use of it: it is quarantined if the gate never
+    /// opens).
+    #[cfg(feature = "cuda")]
+    Stream(crate::op::stream::StreamDone),
+    /// The stream reached the point [`Engine::synchronize`](crate::Engine::synchronize) asked for.
+    Idle,
+}
+
+impl Awaited {
+    /// The op's result, read once the gate has opened.
+    pub(crate) fn result(&self) -> Result<u64> {
+        match self {
+            #[cfg(feature = "cuda")]
+            Awaited::Stream(done) => done.result(),
+            Awaited::Idle => Ok(0),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::gate::Gated;
 use crate::error::OpKind;
 use crate::target::Target;
 
@@ -49,6 +50,16 @@ pub(crate) enum OpRequest {
     Sync {
         file: Arc<Target>,
     },
+    /// Work already queued on a CUDA stream (a stream-ordered cuFile read or write, a stream
+    /// sync): the op stays in the reactor's table until the gate behind the work opens, so
+    /// shutdown and death account for it like any other op.
+    Await {
+        kind: OpKind,
+        file: Option<Arc<Target>>,
+        offset: u64,
+        /// The gate and, behind it, `Msg::Awaited` for this op.
+        gated: Gated,
+    },
 }
 
 impl OpRequest {
@@ -57,14 +68,16 @@ impl OpRequest {
             OpRequest::Read { .. } => OpKind::Read,
             OpRequest::Write { .. } => OpKind::Write,
             OpRequest::Sync { .. } => OpKind::Sync,
+            OpRequest::Await { kind, .. } => *kind,
         }
     }
 
-    pub(crate) fn file(&self) -> &Arc<Target> {
+    pub(crate) fn file(&self) -> Option<&Arc<Target>> {
         match self {
             OpRequest::Read { file, .. }
             | OpRequest::Write { file, .. }
-            | OpRequest::Sync { file } => file,
+            | OpRequest::Sync { file } => Some(file),
+            OpRequest::Await { file, .. } => file.as_ref(),
         }
     }
 }

@@ -13,7 +13,8 @@ use cudarc::driver::CudaStream;
 
 use super::OpShared;
 use super::gate::Gated;
-use super::msg::{Msg, ReactorHandle};
+use super::msg::{Awaited, Msg, ReactorHandle, SubmitMsg};
+use super::request::OpRequest;
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::gds::driver::{CufileCode, check, cufile};
@@ -30,7 +31,6 @@ pub(crate) struct StreamParams {
 
 /// A finished stream operation, handed to the reactor behind its event.
 pub(crate) struct StreamDone {
-    pub(crate) shared: Arc<OpShared>,
     pub(crate) params: Box<StreamParams>,
     pub(crate) file: Arc<Target>,
     pub(crate) op: OpKind,
@@ -146,7 +146,6 @@ pub(crate) unsafe fn enqueue(
     };
     check(rc).map_err(|c| Error::cuda_msg(ctx(), format!("cuFile stream I/O: {c}")))?;
     let done = StreamDone {
-        shared: shared.clone(),
         params,
         file: file.clone(),
         op,
@@ -154,17 +153,29 @@ pub(crate) unsafe fn enqueue(
     };
     match stream.record_event(None) {
         Ok(ev) => {
-            engine.send(Msg::Gated(Gated::new(
+            let gated = Gated::new(
                 Box::new(EventGate::new(ev)),
-                Msg::StreamDone(done),
+                Msg::Awaited(shared.clone(), Awaited::Stream(done)),
                 &engine.arena,
-            )));
+            );
+            engine.send(Msg::Submit(SubmitMsg {
+                shared: Some(shared.clone()),
+                req: Some(OpRequest::Await {
+                    kind: op,
+                    file: Some(file.clone()),
+                    offset,
+                    gated,
+                }),
+            }));
             Ok(())
         }
         Err(e) => {
             // The operation is queued but nothing can say when it ends: keep its parameters
             // (and the file's registration) forever.
-            std::mem::forget(done);
+            crate::buf::quarantine::hold(
+                "a cuFile stream operation's parameter block (no event could be recorded behind it)",
+                done,
+            );
             Err(Error::cuda(ctx(), e))
         }
     }

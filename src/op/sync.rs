@@ -14,7 +14,8 @@ use cudarc::driver::CudaStream;
 use super::OpShared;
 use super::future::{NoTransfer, OpFuture};
 use super::gate::Gated;
-use super::msg::{Msg, ReactorHandle};
+use super::msg::{Awaited, Msg, ReactorHandle, SubmitMsg};
+use super::request::OpRequest;
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
 
@@ -48,11 +49,20 @@ pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamS
         ),
         Ok(ev) => {
             let shared = OpShared::new();
-            engine.send(Msg::Gated(Gated::new(
+            let gated = Gated::new(
                 Box::new(EventGate::new(ev)),
-                Msg::StreamIdle(shared.clone()),
+                Msg::Awaited(shared.clone(), Awaited::Idle),
                 &engine.arena,
-            )));
+            );
+            engine.send(Msg::Submit(SubmitMsg {
+                shared: Some(shared.clone()),
+                req: Some(OpRequest::Await {
+                    kind: OpKind::Sync,
+                    file: None,
+                    offset: 0,
+                    gated,
+                }),
+            }));
             OpFuture::running(engine.clone(), OpKind::Sync, NoTransfer, shared)
         }
     };

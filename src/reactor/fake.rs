@@ -416,4 +416,84 @@ mod tests {
             "nothing in the lane: nothing quarantined: {held:?}"
         );
     }
+
+    /// A gate the test opens by hand.
+    struct HandGate(Arc<std::sync::atomic::AtomicU8>);
+
+    impl crate::op::gate::Gate for HandGate {
+        fn poll(&self) -> crate::op::gate::GateState {
+            use crate::op::gate::GateState;
+            match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+                0 => GateState::Closed,
+                1 => GateState::Open,
+                _ => GateState::Broken("test".into()),
+            }
+        }
+    }
+
+    fn awaited(h: &Harness) -> (Arc<OpShared>, Arc<std::sync::atomic::AtomicU8>) {
+        use crate::op::gate::Gated;
+        use crate::op::msg::Awaited;
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(0));
+        let shared = OpShared::new();
+        let gated = Gated::new(
+            Box::new(HandGate(state.clone())),
+            Msg::Awaited(shared.clone(), Awaited::Idle),
+            &h.arena,
+        );
+        h.handle.send(Msg::Submit(SubmitMsg {
+            shared: Some(shared.clone()),
+            req: Some(OpRequest::Await {
+                kind: crate::error::OpKind::Sync,
+                file: None,
+                offset: 0,
+                gated,
+            }),
+        }));
+        (shared, state)
+    }
+
+    /// Work queued on a stream is an op in the table: shutdown waits for its gate, and the
+    /// op finishes with the gate's result, not with `Shutdown`.
+    #[test]
+    fn awaited_ops_are_in_the_table_and_shutdown_waits_for_them() {
+        let mut h = harness(64 * K, 4, 64 * K, 8);
+        let (op, gate) = awaited(&h);
+        h.turn();
+        assert_eq!(h.reactor.ops.len(), 1);
+        h.handle.close();
+        for _ in 0..3 {
+            assert_eq!(h.turn(), Turn::Running, "the gate is still closed");
+        }
+        assert_eq!(op.peek_result(), None);
+        gate.store(1, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            h.turn(),
+            Turn::Drained,
+            "the open gate finishes the last op"
+        );
+        assert_eq!(op.peek_result(), Some(Ok(0)));
+    }
+
+    /// A broken gate fails its awaited op with a CUDA error and quarantines what the op left
+    /// with the stream; a reactor that dies with one pending fails it with `ReactorDied`.
+    #[test]
+    fn broken_or_orphaned_awaited_ops_fail_and_never_hang() {
+        let mut h = harness(64 * K, 4, 64 * K, 8);
+        let (op, gate) = awaited(&h);
+        h.turn();
+        gate.store(2, std::sync::atomic::Ordering::SeqCst);
+        h.reactor.gates_polled = std::time::Instant::now() - Duration::from_secs(1);
+        h.turn();
+        let e = op.peek_result().unwrap().unwrap_err();
+        assert!(e.contains("never completed"), "{e}");
+        assert!(h.reactor.ops.is_empty());
+
+        let (op, _gate) = awaited(&h);
+        h.turn();
+        h.reactor
+            .die("fake-lane death with a stream op pending".into());
+        let e = op.peek_result().unwrap().unwrap_err();
+        assert!(e.contains("stream op pending"), "{e}");
+    }
 }

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use super::Reactor;
-use crate::error::{Context, Error, OpKind};
+use crate::error::Error;
 use crate::op::gate::GateState;
 use crate::op::msg::Msg;
 
@@ -53,20 +53,27 @@ impl Reactor {
                 self.handle(Msg::Abandon(shared, pieces));
             }
             Msg::Release(..) => {}
-            #[cfg(feature = "cuda")]
-            Msg::StreamDone(done) => {
-                // The stream may still write the parameter block: fail the op, keep the block.
-                done.shared.complete(Err(Error::cuda_msg(
-                    Context::op(done.op).with_path(&done.file.path),
-                    "the stream never finished the cuFile operation",
-                )));
-                std::mem::forget(done);
+            Msg::Awaited(shared, what) => {
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    let op = &mut self.ops[key];
+                    op.busy -= 1;
+                    if op.error.is_none() {
+                        let ctx = op.ctx(op.offset);
+                        op.error = Some(Error::cuda_msg(
+                            ctx,
+                            "the stream's event failed or never completed: the work behind it \
+                             cannot be seen to end",
+                        ));
+                    }
+                    self.maybe_finish(key);
+                }
+                // The stream may still write what the op left with it (a cuFile parameter block).
+                crate::buf::quarantine::hold(
+                    "what a stream-ordered operation left with a stream whose event never completed",
+                    what,
+                );
             }
-            #[cfg(feature = "cuda")]
-            Msg::StreamIdle(shared) => shared.complete(Err(Error::cuda_msg(
-                Context::op(OpKind::Sync).with_backend("cuda"),
-                "the stream's event failed",
-            ))),
             Msg::Gated(mut g) => {
                 if let Some(inner) = g.take() {
                     self.abandon_msg(inner);

@@ -10,6 +10,7 @@ use super::Reactor;
 use crate::buf::arena::BounceSlot;
 use crate::error::{Context, Error, OpKind};
 use crate::op::OpShared;
+use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
 use crate::plan::{Piece, ReadPlan, Via, WritePlan};
@@ -20,6 +21,8 @@ pub(super) enum Plan {
     Read(ReadPlan),
     Write(WritePlan),
     Sync,
+    /// Work already queued on a CUDA stream: no pieces, one gate.
+    Await,
 }
 
 impl Plan {
@@ -28,6 +31,7 @@ impl Plan {
             Plan::Read(p) => p.len(),
             Plan::Write(p) => p.len(),
             Plan::Sync => 1,
+            Plan::Await => 0,
         }
     }
 
@@ -44,7 +48,7 @@ impl Plan {
         match self {
             Plan::Read(p) => p.piece(i),
             Plan::Write(p) => p.piece(i),
-            Plan::Sync => Piece {
+            Plan::Sync | Plan::Await => Piece {
                 pos: 0,
                 len: 0,
                 via: Via::Main,
@@ -88,6 +92,8 @@ pub(super) struct OpEntry {
     pub(super) retry: Vec<Piece>,
     /// The caller's owned buffer the pieces are read into (instead of bounce slots).
     pub(super) owned: Option<OwnedTarget>,
+    /// The result an awaited op's gate delivered (`Plan::Await`).
+    pub(super) awaited: Option<u64>,
 }
 
 impl OpEntry {
@@ -96,10 +102,11 @@ impl OpEntry {
     }
 
     pub(super) fn ctx(&self, offset: u64) -> Context {
-        Context::op(self.kind)
-            .with_path(&self.file.path)
-            .with_offset(offset)
-            .with_backend(self.backend)
+        let ctx = Context::op(self.kind).with_backend(self.backend);
+        if matches!(self.plan, Plan::Await) && self.file.path.as_os_str().is_empty() {
+            return ctx; // a stream sync: no file, no offset
+        }
+        ctx.with_path(&self.file.path).with_offset(offset)
     }
 
     /// Whether every piece has been started (or will never be).
@@ -160,13 +167,22 @@ impl Reactor {
                 }
             }
             Msg::Gated(g) => self.gated.push(g),
-            #[cfg(feature = "cuda")]
-            Msg::StreamDone(done) => {
-                let r = done.result();
-                done.shared.complete(r);
+            Msg::Awaited(shared, what) => {
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    let op = &mut self.ops[key];
+                    op.busy -= 1;
+                    match what.result() {
+                        Ok(n) => op.awaited = Some(n),
+                        Err(e) => {
+                            if op.error.is_none() {
+                                op.error = Some(e);
+                            }
+                        }
+                    }
+                    self.maybe_finish(key);
+                }
             }
-            #[cfg(feature = "cuda")]
-            Msg::StreamIdle(shared) => shared.complete(Ok(0)),
             #[cfg(test)]
             Msg::PanicAtNextCompletion => self.panic_armed = true,
             Msg::Abandon(shared, pieces) => {
@@ -196,6 +212,15 @@ impl Reactor {
     }
 
     pub(super) fn accept(&mut self, shared: Arc<OpShared>, req: OpRequest) {
+        let req = match req {
+            OpRequest::Await {
+                kind,
+                file,
+                offset,
+                gated,
+            } => return self.accept_awaited(shared, kind, file, offset, gated),
+            other => other,
+        };
         let kind = req.op_kind();
         let (file, offset, len, device, owned) = match req {
             OpRequest::Read {
@@ -212,6 +237,7 @@ impl Reactor {
                 device,
             } => (file, offset, len, device, None),
             OpRequest::Sync { file } => (file, 0, 0, None, None),
+            OpRequest::Await { .. } => unreachable!("handled above"),
         };
         // An op refused before any I/O hands its owned buffer back untouched.
         let refuse = |shared: &Arc<OpShared>, owned: Option<OwnedTarget>, e: Error| {
@@ -293,6 +319,7 @@ impl Reactor {
             backend,
             retry: Vec::new(),
             owned,
+            awaited: None,
         });
         shared.key.store(key, Ordering::Relaxed);
         if empty {
@@ -300,6 +327,51 @@ impl Reactor {
         } else {
             self.runnable.push_back(key);
         }
+    }
+
+    /// Takes an op whose work is already queued on a CUDA stream into the table: no pieces,
+    /// one outstanding gate, whose opening (`Msg::Awaited`) finishes it.
+    fn accept_awaited(
+        &mut self,
+        shared: Arc<OpShared>,
+        kind: OpKind,
+        file: Option<Arc<Target>>,
+        offset: u64,
+        gated: Gated,
+    ) {
+        let backend = if file.is_some() {
+            "cufile-stream"
+        } else {
+            "cuda"
+        };
+        let file = file.unwrap_or_else(|| Arc::new(Target::unnamed()));
+        let key = self.ops.insert(OpEntry {
+            shared: shared.clone(),
+            file,
+            kind,
+            plan: Plan::Await,
+            offset,
+            len: 0,
+            next: 0,
+            busy: 1,
+            in_runnable: false,
+            held_bytes: 0,
+            window_blocked: false,
+            eof_at: None,
+            error: None,
+            error_at: None,
+            cancelled: false,
+            align: 1,
+            gds: false,
+            backend,
+            retry: Vec::new(),
+            owned: None,
+            awaited: None,
+        });
+        shared.key.store(key, Ordering::Relaxed);
+        // Queued on the stream already, so taken even while shutting down: shutdown waits for
+        // it like for any piece in flight.
+        self.gated.push(gated);
     }
 
     /// Whether an op with caller memory on `device` goes through cuFile: `Ok(Some((alignment,
@@ -383,7 +455,8 @@ impl Reactor {
         let keys: Vec<usize> = self.ops.iter().map(|(k, _)| k).collect();
         for key in keys {
             let op = &mut self.ops[key];
-            if op.error.is_none() && !op.cancelled {
+            // Work already queued on a stream runs to its end: it reports its own result.
+            if op.error.is_none() && !op.cancelled && !matches!(op.plan, Plan::Await) {
                 op.error = Some(Error::shutdown(op.ctx(op.offset)));
             }
             self.reclaim(key);
@@ -455,6 +528,7 @@ impl Reactor {
                         .map_or(end, |e| e.min(end))
                         .saturating_sub(op.offset))
                 }
+                _ if matches!(op.plan, Plan::Await) => Ok(op.awaited.unwrap_or(0)),
                 OpKind::Write => Ok(op.len),
                 _ => Ok(0),
             },
