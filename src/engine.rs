@@ -78,7 +78,8 @@ pub struct BackendInfo {
     pub detail: String,
 }
 
-/// Settings for [`Engine`]. Defaults follow DESIGN.md's performance model.
+/// Settings for [`Engine`]. The defaults are the measured best on the machines in
+/// BENCHMARKS.md (repository root): see each setting for its reason.
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
     chunk_size: usize,

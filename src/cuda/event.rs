@@ -1,7 +1,8 @@
 //! CUDA events as the reactor sees them: [`EventGate`], an event it polls (never waits on)
 //! before acting on the message behind it, and [`EVENT_POOL`], completed events kept for reuse.
 
-use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::result::event;
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{CudaEvent, CudaStream};
 
 /// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
@@ -30,14 +31,14 @@ impl EventGate {
             return Err(format!("{e:?}"));
         }
         // SAFETY: the event is alive (owned by self) and belongs to the bound context.
-        match unsafe { sys::cuEventQuery(ev.cu_event()) } {
-            CUresult::CUDA_SUCCESS => {
+        match unsafe { event::query(ev.cu_event()) } {
+            Ok(()) => {
                 self.passed
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 Ok(true)
             }
-            CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => Err(format!("cuEventQuery: {other:?}")),
+            Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(format!("cuEventQuery: {e}")),
         }
     }
 }

@@ -165,13 +165,12 @@ impl<T: Pod> RegisteredBuffer<T> {
     }
 
     /// Deregisters and hands the slice back.
-    pub fn into_inner(mut self) -> CudaSlice<T> {
-        self.deregister();
-        // SAFETY: `self` is forgotten right after its slice is moved out, so it is neither
-        // dropped nor read again.
-        let slice = unsafe { std::ptr::read(&self.slice) };
-        std::mem::forget(self);
-        slice
+    pub fn into_inner(self) -> CudaSlice<T> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        this.deregister();
+        // SAFETY: `this` is never dropped (ManuallyDrop) nor used again after its slice is
+        // moved out, so the slice has exactly one owner.
+        unsafe { std::ptr::read(&this.slice) }
     }
 
     fn deregister(&mut self) {

@@ -2,12 +2,18 @@
 //!
 //! Producers (futures sending messages, pread workers posting completions) push first and
 //! then ring if `sleeping` is set; the reactor sets `sleeping`, looks at its queues once more
-//! and only then blocks. With both sides using SeqCst one of them always sees the other, so no
-//! wake-up is lost and a busy reactor costs producers no system call.
+//! and only then blocks. This is the store-buffering pattern (each side writes one location,
+//! then reads the other's), and SeqCst on the flag alone would not order it: the queue push and
+//! the queue re-check are not SeqCst operations, so a producer's push could still sit in its
+//! store buffer when it reads `sleeping == false`, while the reactor, having set the flag,
+//! reads an empty queue and sleeps with work pending. A SeqCst fence on each side, between its
+//! write and its read, forbids that outcome: of the two fences one comes first in their total
+//! order, and the side after it sees the other side's write. A busy reactor still costs
+//! producers no system call.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
 
 /// eventfd + "reactor is asleep" flag.
 pub(crate) struct Doorbell {
@@ -38,6 +44,9 @@ impl Doorbell {
 
     /// Wakes the reactor if it is (about to be) asleep. Call after publishing work.
     pub(crate) fn ring(&self) {
+        // Orders the caller's publication of work before the read of the flag (see the module
+        // docs; pairs with the fence in `prepare_sleep`).
+        fence(Ordering::SeqCst);
         if self.sleeping.load(Ordering::SeqCst) && self.sleeping.swap(false, Ordering::SeqCst) {
             self.ring_always();
         }
@@ -47,6 +56,8 @@ impl Doorbell {
     /// returns and cancellations need not wake a reactor that has nothing waiting on them
     /// (it picks them up on its next turn), which saves a system call per small read.
     pub(crate) fn ring_if_starved(&self) {
+        // As in `ring`: the slot return is published before `starved` is read.
+        fence(Ordering::SeqCst);
         if self.starved.load(Ordering::SeqCst) {
             self.ring();
         }
@@ -72,6 +83,9 @@ impl Doorbell {
     /// Reactor side: announce the intent to sleep. Re-check queues after this.
     pub(crate) fn prepare_sleep(&self) {
         self.sleeping.store(true, Ordering::SeqCst);
+        // Orders the flag (and `starved`, set earlier in the turn) before the queue re-check
+        // that follows; pairs with the fences in `ring` and `ring_if_starved`.
+        fence(Ordering::SeqCst);
     }
 
     /// Reactor side: awake again.

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async};
+use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use super::future::Transfer;
 use super::gate::Gated;
@@ -23,36 +23,56 @@ fn queue_copies(
     arena: &BounceArena,
     chosen: Option<&Arc<CudaStream>>,
     own: &Arc<CudaStream>,
-    issue: impl FnOnce(&Arc<CudaStream>) -> Result<(), String>,
-) -> Result<CudaEvent, String> {
+    issue: impl FnOnce(&Arc<CudaStream>) -> Result<(), CopyError>,
+) -> Result<CudaEvent, CopyError> {
     let stream = chosen.unwrap_or(own);
     let ctx = stream.context();
-    ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+    ctx.bind_to_thread()
+        .map_err(CopyError::driver("binding the context"))?;
     arena.ensure_pinned(ctx);
     issue(stream)?;
-    let ev = EVENT_POOL.record(stream).map_err(|e| format!("{e:?}"))?;
+    let ev = EVENT_POOL
+        .record(stream)
+        .map_err(CopyError::driver("recording the copies' event"))?;
     if stream.cu_stream() != own.cu_stream() {
-        own.wait(&ev).map_err(|e| format!("{e:?}"))?;
+        own.wait(&ev).map_err(CopyError::driver(
+            "ordering the memory's stream after the copies",
+        ))?;
     }
     Ok(ev)
 }
 
+/// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
+/// without its pool (a bug, reported rather than acted on).
+#[derive(Debug)]
+enum CopyError {
+    Driver(&'static str, DriverError),
+    NoStaging,
+}
+
+impl CopyError {
+    fn driver(what: &'static str) -> impl FnOnce(DriverError) -> CopyError {
+        move |e| CopyError::Driver(what, e)
+    }
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::Driver(what, e) => write!(f, "{what}: {e}"),
+            CopyError::NoStaging => f.write_str("a staging slot arrived without its staging pool"),
+        }
+    }
+}
+
 /// The device address of a piece's staging slot, for pieces cuFile moved (`None`: host slot).
-fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, String> {
+fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, CopyError> {
     if !p.slot.on_device {
         return Ok(None);
     }
     staging
         .map(|s| Some(s.base + p.slot.offset as u64))
-        .ok_or_else(|| "a staging slot arrived without its staging pool".to_string())
-}
-
-fn check(rc: CUresult, what: &str) -> Result<(), String> {
-    if rc == CUresult::CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{what}: {rc:?}"))
-    }
+        .ok_or(CopyError::NoStaging)
 }
 
 /// Copies read pieces into device memory standing for file bytes `[offset, offset + len)`.
@@ -80,31 +100,24 @@ impl Transfer for DeviceCopyOut<'_> {
                 let Some((from, to, n)) = p.overlap(offset, len) else {
                     continue;
                 };
-                let rc = match staged(staging, p)? {
+                let queued = match staged(staging, p)? {
                     // SAFETY: the source lies inside a staging slot this future owns until the
                     // reactor sees the copies' event complete; the destination range
                     // [to, to + n) lies inside the device buffer (overlap clips it to `len`),
                     // whose pointer cudarc gave us for writing on `stream`; both are on the
                     // staging pool's device and the copy is ordered on `stream`.
                     Some(src) => unsafe {
-                        sys::cuMemcpyDtoDAsync_v2(
-                            dptr + to,
-                            src + from as u64,
-                            n,
-                            stream.cu_stream(),
-                        )
+                        memcpy_dtod_async(dptr + to, src + from as u64, n, stream.cu_stream())
                     },
-                    // SAFETY: as above, with the source in a host bounce slot.
+                    // SAFETY: as above, with the source in a host bounce slot: the slice is
+                    // read by the copy engine after this call returns, which is sound because
+                    // the slot stays this future's (and mapped) until the event completes.
                     None => unsafe {
-                        sys::cuMemcpyHtoDAsync_v2(
-                            dptr + to,
-                            arena.slot_ptr(&p.slot).add(from).cast(),
-                            n,
-                            stream.cu_stream(),
-                        )
+                        let bytes = arena.slot_bytes(&p.slot, p.valid);
+                        memcpy_htod_async(dptr + to, &bytes[from..from + n], stream.cu_stream())
                     },
                 };
-                check(rc, "cuMemcpyAsync into device memory")?;
+                queued.map_err(CopyError::driver("copying into device memory"))?;
             }
             // Record cudarc's write event now (not when the future finishes): any later use of
             // the buffer through cudarc, on any stream, is then ordered after these copies,
@@ -136,7 +149,7 @@ impl Transfer for DeviceCopyOut<'_> {
 /// with no event to say when they end, so their slots stay out of service for good).
 #[allow(clippy::too_many_arguments)]
 fn gate_or_abandon(
-    issued: Result<CudaEvent, String>,
+    issued: Result<CudaEvent, CopyError>,
     pieces: Vec<ReadyPiece>,
     arena: &Arc<BounceArena>,
     shared: &Arc<OpShared>,
@@ -159,7 +172,7 @@ fn gate_or_abandon(
             let at = pieces.first().map_or(offset, |p| p.piece.pos);
             *error = Some(Error::cuda_msg(
                 Context::op(op).with_offset(at).with_backend("cuda"),
-                reason,
+                reason.to_string(),
             ));
             Some(Msg::Abandon(shared.clone(), pieces))
         }
@@ -187,25 +200,23 @@ impl Transfer for DeviceFill<'_> {
             let (sptr, read_guard) = src.read_ptr(stream);
             for p in &pieces {
                 let from = p.piece.pos - offset;
-                let rc = match staged(staging, p)? {
+                let queued = match staged(staging, p)? {
                     // SAFETY: the staging slot is owned by this future until the reactor sees
                     // the copies' event complete; [from, from + valid) lies inside the source
                     // (pieces cover exactly the requested range); both are on the staging
                     // pool's device; the copy is ordered on `stream`.
                     Some(dst) => unsafe {
-                        sys::cuMemcpyDtoDAsync_v2(dst, sptr + from, p.valid, stream.cu_stream())
+                        memcpy_dtod_async(dst, sptr + from, p.valid, stream.cu_stream())
                     },
-                    // SAFETY: as above, into a host bounce slot.
+                    // SAFETY: as above, into a host bounce slot: the copy engine writes the
+                    // slot after this returns; nothing else touches it until the event has
+                    // completed (the slot goes back to the reactor only behind that gate).
                     None => unsafe {
-                        sys::cuMemcpyDtoHAsync_v2(
-                            arena.slot_ptr(&p.slot).cast(),
-                            sptr + from,
-                            p.valid,
-                            stream.cu_stream(),
-                        )
+                        let bytes = arena.slot_bytes_mut(&p.slot, p.valid);
+                        memcpy_dtoh_async(bytes, sptr + from, stream.cu_stream())
                     },
                 };
-                check(rc, "cuMemcpyAsync out of device memory")?;
+                queued.map_err(CopyError::driver("copying out of device memory"))?;
             }
             // cudarc's read event now: later writes to the source wait for these copies.
             drop(read_guard);
