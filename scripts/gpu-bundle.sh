@@ -73,6 +73,8 @@ LOGS=${LOGS:-$PWD/logs}
 mkdir -p "$LOGS"
 export GPUIO_TEST_DIR=${GPUIO_TEST_DIR:-/tmp/gpuio-tests}
 mkdir -p "$GPUIO_TEST_DIR"
+# The CLI tests run the bundle's binary (their build-tree path does not exist here).
+export GPUIO_BIN=$PWD/bin/gpuio
 if [ -f spdk/lib/libspdk_gpuio.so ]; then
   # SPDK travels with the bundle: the tests start their own NVMe/TCP targets with spdk.sh.
   export GPUIO_SPDK_HOME=$PWD/spdk GPUIO_SPDK_SCRIPT=$PWD/spdk.sh GPUIO_SPDK_REQUIRED=1 GPUIO_SPDK_HUGE_MIB=8192

@@ -12,7 +12,7 @@ fn cp(src: &Path, dst: &Path, extra: &[&str]) -> Ran {
     run(std::process::Command::new("sh")
         .arg("-c")
         .arg(r#"umask 022; exec "$0" cp "$@""#)
-        .arg(env!("CARGO_BIN_EXE_gpuio"))
+        .arg(cli_util::bin())
         .args(extra)
         .arg(src)
         .arg(dst))
@@ -93,7 +93,7 @@ fn a_failed_cp_leaves_no_temporary_file_and_the_old_destination() {
     let r = run(std::process::Command::new("sh")
         .arg("-c")
         .arg(r#"ulimit -f 1024; exec "$0" cp "$1" "$2""#)
-        .arg(env!("CARGO_BIN_EXE_gpuio"))
+        .arg(cli_util::bin())
         .arg(&src)
         .arg(&dst));
     assert!(!r.ok(), "{r:?}");

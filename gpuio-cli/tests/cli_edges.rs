@@ -2,6 +2,8 @@
 //! each case ends within a time limit, without a panic or an abort, and with an error that
 //! names the flag or path at fault.
 
+mod cli_util;
+
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::Path;
@@ -69,7 +71,7 @@ impl Run {
 }
 
 fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_gpuio"));
+    let mut c = Command::new(cli_util::bin());
     // Panic messages stay short; they are failures here either way.
     c.env("RUST_BACKTRACE", "0");
     c
@@ -414,7 +416,7 @@ fn check_reads_a_read_only_directory_without_writing() {
     let d = s(dir.path());
     let script = format!(
         "mount --bind '{d}' '{d}' && mount -o remount,bind,ro '{d}' && exec '{}' check '{d}'",
-        env!("CARGO_BIN_EXE_gpuio")
+        cli_util::bin().to_string_lossy()
     );
     let what = format!("gpuio check {d} (read-only)");
     let logs = tempfile::tempdir().unwrap();

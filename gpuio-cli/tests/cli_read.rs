@@ -30,7 +30,7 @@ fn read_of_a_file_larger_than_the_address_space_limit_streams_through() {
     let r = run(std::process::Command::new("sh")
         .arg("-c")
         .arg(r#"ulimit -v 1048576; exec "$0" read "$1""#)
-        .arg(env!("CARGO_BIN_EXE_gpuio"))
+        .arg(cli_util::bin())
         .arg(&path)
         .env("TOKIO_WORKER_THREADS", "2")
         .env("MALLOC_ARENA_MAX", "2"));

@@ -98,6 +98,9 @@ pub(crate) enum Awaited {
     Stream(crate::op::stream::StreamDone),
     /// The stream reached the point [`Engine::synchronize`](crate::Engine::synchronize) asked for.
     Idle,
+    /// Tests: work that moved this many bytes.
+    #[cfg(test)]
+    Moved(u64),
 }
 
 impl Awaited {
@@ -107,6 +110,8 @@ impl Awaited {
             #[cfg(feature = "cuda")]
             Awaited::Stream(done) => done.result(),
             Awaited::Idle => Ok(0),
+            #[cfg(test)]
+            Awaited::Moved(n) => Ok(*n),
         }
     }
 }

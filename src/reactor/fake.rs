@@ -432,19 +432,26 @@ mod tests {
     }
 
     fn awaited(h: &Harness) -> (Arc<OpShared>, Arc<std::sync::atomic::AtomicU8>) {
+        awaited_op(h, crate::error::OpKind::Sync, crate::op::msg::Awaited::Idle)
+    }
+
+    fn awaited_op(
+        h: &Harness,
+        kind: crate::error::OpKind,
+        what: crate::op::msg::Awaited,
+    ) -> (Arc<OpShared>, Arc<std::sync::atomic::AtomicU8>) {
         use crate::op::gate::Gated;
-        use crate::op::msg::Awaited;
         let state = Arc::new(std::sync::atomic::AtomicU8::new(0));
         let shared = OpShared::new();
         let gated = Gated::new(
             Box::new(HandGate(state.clone())),
-            Msg::Awaited(shared.clone(), Awaited::Idle),
+            Msg::Awaited(shared.clone(), what),
             &h.arena,
         );
         h.handle.send(Msg::Submit(SubmitMsg {
             shared: Some(shared.clone()),
             req: Some(OpRequest::Await {
-                kind: crate::error::OpKind::Sync,
+                kind,
                 file: None,
                 offset: 0,
                 gated,
@@ -495,5 +502,22 @@ mod tests {
             .die("fake-lane death with a stream op pending".into());
         let e = op.peek_result().unwrap().unwrap_err();
         assert!(e.contains("stream op pending"), "{e}");
+    }
+
+    /// A stream-ordered read finishes with the byte count its stream work reported (a read
+    /// in the table has no pieces whose ends could be summed instead).
+    #[test]
+    fn an_awaited_read_reports_the_bytes_its_stream_moved() {
+        let mut h = harness(64 * K, 4, 64 * K, 8);
+        let (op, gate) = awaited_op(
+            &h,
+            crate::error::OpKind::Read,
+            crate::op::msg::Awaited::Moved(64 << 20),
+        );
+        h.turn();
+        gate.store(1, std::sync::atomic::Ordering::SeqCst);
+        h.reactor.gates_polled = std::time::Instant::now() - Duration::from_secs(1);
+        h.turn();
+        assert_eq!(op.peek_result(), Some(Ok(64 << 20)));
     }
 }

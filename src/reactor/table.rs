@@ -520,6 +520,8 @@ impl Reactor {
         let result = match op.error.take() {
             Some(e) => Err(e),
             None if op.cancelled => return,
+            // Work on a stream reports its own count (a read's plan has no pieces to sum).
+            None if matches!(op.plan, Plan::Await) => Ok(op.awaited.unwrap_or(0)),
             None => match op.kind {
                 OpKind::Read => {
                     let end = op.offset + op.len;
@@ -528,7 +530,6 @@ impl Reactor {
                         .map_or(end, |e| e.min(end))
                         .saturating_sub(op.offset))
                 }
-                _ if matches!(op.plan, Plan::Await) => Ok(op.awaited.unwrap_or(0)),
                 OpKind::Write => Ok(op.len),
                 _ => Ok(0),
             },

@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 /// Generous: the VMs these run on are small and shared; a healthy run takes a fraction.
 pub const LIMIT: Duration = Duration::from_secs(120);
 
+/// The binary under test: cargo's build of it, or `GPUIO_BIN` where the tests run away from
+/// the build tree (the GPU bundle carries the binary beside the test executables).
+pub fn bin() -> std::ffi::OsString {
+    std::env::var_os("GPUIO_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_gpuio").into())
+}
+
 pub fn gpuio() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_gpuio"))
+    Command::new(bin())
 }
 
 /// What a finished run left: exit status, stdout, stderr.
