@@ -312,9 +312,12 @@ impl EngineBuilder {
             tick: self.reactor_tick,
             pool_wait_limit: self.pool_wait_limit,
         };
+        // Dropped when the reactor thread ends (however it ends): what the engine's drop waits on.
+        let (exit_tx, exit_rx) = sync_channel::<()>(0);
         let spawned = std::thread::Builder::new()
             .name("gpuio-reactor".into())
             .spawn(move || {
+                let _exit = exit_tx;
                 let main = match make_main_lane(backend, qd, threads, &arena, &doorbell, ext_arg) {
                     Ok(d) => d,
                     Err(e) => {
@@ -354,6 +357,7 @@ impl EngineBuilder {
             inner: Arc::new(EngineInner {
                 shared,
                 reactor: Some(spawned),
+                reactor_exit: std::sync::Mutex::new(exit_rx),
                 info,
                 gds_mode,
                 cufile_compat: self.cufile_compat,
@@ -406,10 +410,16 @@ fn make_main_lane(
     }
 }
 
+/// How long dropping the last engine handle waits for its reactor to drain and exit before
+/// leaving it to finish in the background (`Engine::shutdown` waits for good).
+const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 struct EngineInner {
     shared: Arc<ReactorHandle>,
-    /// The reactor thread, joined when the last handle goes.
+    /// The reactor thread, joined when the last handle goes (see the drop).
     reactor: Option<std::thread::JoinHandle<()>>,
+    /// Disconnects when the reactor thread ends.
+    reactor_exit: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
     info: BackendInfo,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     gds_mode: GdsMode,
@@ -426,8 +436,24 @@ impl Drop for EngineInner {
         // ring, workers and pinned pool are gone when this returns (memory a device may still
         // write is quarantined instead, see `reactor::death`).
         self.shared.close();
-        if let Some(t) = self.reactor.take() {
-            if t.thread().id() != std::thread::current().id() {
+        let Some(t) = self.reactor.take() else { return };
+        if t.thread().id() == std::thread::current().id() {
+            return;
+        }
+        // A drain takes microseconds to milliseconds (pieces in the kernel complete). Work that
+        // cannot be seen to end soon (a CUDA stream still busy with a kernel, a hung device)
+        // must not block the dropping thread, often an async runtime's worker: past the limit
+        // the reactor finishes draining on its own and frees (or quarantines) what it holds.
+        let exit = self.reactor_exit.lock().unwrap_or_else(|p| p.into_inner());
+        match exit.recv_timeout(REACTOR_JOIN_WAIT) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    waited_ms = REACTOR_JOIN_WAIT.as_millis() as u64,
+                    "gpuio engine dropped while its reactor still drains (CUDA work or I/O \
+                     that has not ended); it finishes in the background"
+                );
+            }
+            _ => {
                 let _ = t.join();
             }
         }

@@ -30,7 +30,8 @@ pub(crate) enum GateState {
 pub(crate) struct Gated {
     pub(crate) gate: Box<dyn Gate>,
     pub(crate) inner: Option<Box<Msg>>,
-    arena: Arc<BounceArena>,
+    /// The bounce pool the gated copy touches (`None`: stream work that touches none of it).
+    arena: Option<Arc<BounceArena>>,
     /// Other memory the gated work touches (the device staging pool).
     keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
@@ -41,7 +42,19 @@ impl Gated {
         Gated {
             gate,
             inner: Some(Box::new(inner)),
-            arena: arena.clone(),
+            arena: Some(arena.clone()),
+            keep: None,
+        }
+    }
+
+    /// A message behind work queued on a stream that touches no bounce or staging memory
+    /// (a stream-ordered cuFile op moves caller memory; a stream sync moves nothing): if it
+    /// is dropped with the gate closed, only the message is quarantined, not the pools.
+    pub(crate) fn stream_work(gate: Box<dyn Gate>, inner: Msg) -> Self {
+        Gated {
+            gate,
+            inner: Some(Box::new(inner)),
+            arena: None,
             keep: None,
         }
     }

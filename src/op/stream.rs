@@ -153,10 +153,9 @@ pub(crate) unsafe fn enqueue(
     };
     match stream.record_event(None) {
         Ok(ev) => {
-            let gated = Gated::new(
+            let gated = Gated::stream_work(
                 Box::new(EventGate::new(ev)),
                 Msg::Awaited(shared.clone(), Awaited::Stream(done)),
-                &engine.arena,
             );
             engine.send(Msg::Submit(SubmitMsg {
                 shared: Some(shared.clone()),

@@ -49,10 +49,9 @@ pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamS
         ),
         Ok(ev) => {
             let shared = OpShared::new();
-            let gated = Gated::new(
+            let gated = Gated::stream_work(
                 Box::new(EventGate::new(ev)),
                 Msg::Awaited(shared.clone(), Awaited::Idle),
-                &engine.arena,
             );
             engine.send(Msg::Submit(SubmitMsg {
                 shared: Some(shared.clone()),

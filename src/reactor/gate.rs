@@ -47,7 +47,10 @@ impl Reactor {
 
     /// Accounts for the pieces in `msg` without ever reusing their slots.
     fn abandon_msg(&mut self, msg: Msg) {
-        self.compromised = true;
+        // Stream work behind a gate touches no pool memory; everything else may.
+        if !matches!(msg, Msg::Awaited(..)) {
+            self.compromised = true;
+        }
         match msg {
             Msg::Filled(shared, pieces) | Msg::Abandon(shared, pieces) => {
                 self.handle(Msg::Abandon(shared, pieces));
