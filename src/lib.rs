@@ -66,6 +66,8 @@ mod target;
 
 pub use buf::aligned::AlignedBuf;
 pub use buf::quarantine::quarantined;
+#[cfg(feature = "cuda")]
+pub use buf::raw_device::RawDeviceSlice;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{
     Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineBuilder,
