@@ -59,6 +59,31 @@ impl RawDeviceSlice {
         Ok(slice)
     }
 
+    /// Which GPU the device (or managed) memory at `ptr` belongs to, as the driver says
+    /// (`Unsupported` without CUDA, `InvalidInput` for an address that is not CUDA memory).
+    /// For callers that know an address but not its device (`__cuda_array_interface__`).
+    pub fn device_of(ptr: u64) -> Result<usize> {
+        // Any context initialises the driver for the query; device 0 always exists here.
+        crate::cuda::context(0)?;
+        let mut ordinal: i32 = -1;
+        // SAFETY: the driver writes one int for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL into
+        // `ordinal`, which outlives the call; any address may be asked about.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut i32).cast(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                ptr,
+            )
+        };
+        if r != sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
+            return Err(Error::invalid(
+                Self::ctx(),
+                format!("address {ptr:#x} is not CUDA memory (driver: {r:?})"),
+            ));
+        }
+        Ok(ordinal as usize)
+    }
+
     /// Uses the memory on `stream` (queue the copies there): a stream of the same GPU, which
     /// the caller keeps alive for as long as the slice's operations run.
     pub fn with_stream(mut self, stream: Arc<CudaStream>) -> Result<Self> {
