@@ -18,9 +18,8 @@ pub struct Engine {
 }
 
 fn seconds(s: f64, what: &str) -> PyResult<Duration> {
-    Duration::try_from_secs_f64(s).map_err(|e| {
-        pyo3::exceptions::PyValueError::new_err(format!("{what}: {s} seconds: {e}"))
-    })
+    Duration::try_from_secs_f64(s)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{what}: {s} seconds: {e}")))
 }
 
 #[pymethods]
@@ -111,9 +110,7 @@ impl Engine {
             .create(create)
             .truncate(truncate)
             .direct(direct);
-        let inner = py
-            .detach(|| opts.open(&self.inner, &path))
-            .map_err(to_py)?;
+        let inner = py.detach(|| opts.open(&self.inner, &path)).map_err(to_py)?;
         Ok(File { inner })
     }
 
@@ -223,10 +220,12 @@ impl File {
     ///
     /// Stream semantics (device memory): the copies into ``dst`` are queued on ``stream``
     /// (an int handle, ``torch.cuda.Stream``, ``cupy.cuda.Stream``, or any object with
-    /// ``__cuda_stream__``); without one, on the stream the object names in its
-    /// ``__cuda_array_interface__`` (torch: the current stream when the interface was read),
-    /// or on the legacy default stream (DLPack, or an interface naming none). Where both
-    /// ``stream`` and the object's stream are given, ``stream`` first waits for the object's.
+    /// ``__cuda_stream__``); without one, for a torch tensor on torch's current stream of its
+    /// device (what torch orders work on the tensor by), else on the stream the object names
+    /// in its ``__cuda_array_interface__`` (v3, e.g. cupy's current stream), else on the
+    /// legacy default stream. Where both ``stream`` and the object's interface name a stream,
+    /// ``stream`` first waits for the object's. DLPack producers are asked (``__dlpack__(
+    /// stream=...)``) to order their pending work before the stream used.
     /// The call returns once every copy is **queued**: kernels launched afterwards on that
     /// stream see the data; synchronize the stream before looking at the memory any other
     /// way. gpuio keeps a reference to ``dst`` until the stream has passed the copies.

@@ -132,6 +132,26 @@ pub fn stream_handle(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
     )))
 }
 
+/// For a CUDA torch tensor: torch's current stream on its device, the stream torch orders
+/// work on the tensor by (its `__cuda_array_interface__` is version 2 and names no stream).
+/// `None` for anything else, and without importing torch where the program has not.
+fn torch_current_stream(obj: &Bound<'_, PyAny>) -> PyResult<Option<u64>> {
+    let py = obj.py();
+    let modules = py.import("sys")?.getattr("modules")?;
+    let torch = modules.call_method1("get", ("torch",))?;
+    if torch.is_none() {
+        return Ok(None);
+    }
+    let tensor = torch.getattr("Tensor")?;
+    if !obj.is_instance(&tensor)? || !obj.getattr("is_cuda")?.extract::<bool>()? {
+        return Ok(None);
+    }
+    let stream = torch
+        .getattr("cuda")?
+        .call_method1("current_stream", (obj.getattr("device")?,))?;
+    Ok(Some(stream.getattr("cuda_stream")?.extract()?))
+}
+
 /// `handle` on GPU `ordinal` as a cudarc stream (not owned: dropping it destroys nothing).
 fn wrap_stream(ordinal: usize, handle: u64) -> PyResult<Arc<CudaStream>> {
     let ctx = gpuio::cuda::context(ordinal).map_err(to_py)?;
@@ -160,7 +180,10 @@ pub fn extract(
     access: Access,
 ) -> PyResult<Memory> {
     let py = obj.py();
-    let user_stream = stream.map(stream_handle).transpose()?;
+    let user_stream = match stream {
+        Some(s) => Some(stream_handle(s)?),
+        None => torch_current_stream(obj)?,
+    };
     if obj.is_instance_of::<PyCapsule>() {
         return dlpack_capsule(engine, obj.clone().unbind(), user_stream);
     }
@@ -277,16 +300,18 @@ fn cuda_array_interface(
     let py = obj.py();
     let cai = cai.cast::<PyDict>()?;
     let get = |key: &str| -> PyResult<Bound<'_, PyAny>> {
-        cai.get_item(key)?.ok_or_else(|| {
-            PyTypeError::new_err(format!("__cuda_array_interface__ has no {key:?}"))
-        })
+        cai.get_item(key)?
+            .ok_or_else(|| PyTypeError::new_err(format!("__cuda_array_interface__ has no {key:?}")))
     };
     let (ptr, readonly): (u64, bool) = get("data")?.extract()?;
     let shape: Vec<usize> = get("shape")?.extract()?;
     let typestr: String = get("typestr")?.extract()?;
-    let item: usize = typestr.get(2..).and_then(|s| s.parse().ok()).ok_or_else(|| {
-        PyTypeError::new_err(format!("__cuda_array_interface__ typestr {typestr:?}"))
-    })?;
+    let item: usize = typestr
+        .get(2..)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            PyTypeError::new_err(format!("__cuda_array_interface__ typestr {typestr:?}"))
+        })?;
     let strides: Option<Vec<isize>> = match cai.get_item("strides")? {
         Some(s) if !s.is_none() => Some(s.extract()?),
         _ => None,
@@ -319,7 +344,10 @@ fn cuda_array_interface(
             // The copies go on the caller's stream, after the producer's pending work.
             let (us, ps) = (wrap_stream(ordinal, u)?, wrap_stream(ordinal, p)?);
             us.join(&ps).map_err(|e| {
-                invalid(py, format!("ordering stream {u:#x} after stream {p:#x}: {e:?}"))
+                invalid(
+                    py,
+                    format!("ordering stream {u:#x} after stream {p:#x}: {e:?}"),
+                )
             })?;
             u
         }

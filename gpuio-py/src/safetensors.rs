@@ -50,7 +50,13 @@ impl SafetensorsFile {
             .iter()
             .map(|t| {
                 let r = &t.file_range;
-                (t.name.clone(), format!("{:?}", t.dtype), t.shape.clone(), r.start, r.end)
+                (
+                    t.name.clone(),
+                    format!("{:?}", t.dtype),
+                    t.shape.clone(),
+                    r.start,
+                    r.end,
+                )
             })
             .collect()
     }
@@ -102,7 +108,11 @@ async fn load(plan: Arc<BatchPlan>, mut mem: Memory) -> gpuio::Result<usize> {
 }
 
 impl LoadPlan {
-    fn memory(&self, dst: &Bound<'_, PyAny>, stream: Option<&Bound<'_, PyAny>>) -> PyResult<Memory> {
+    fn memory(
+        &self,
+        dst: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Memory> {
         extract(&self.engine, dst, stream, Access::Dst)
     }
 }
