@@ -151,3 +151,9 @@ def test_zero_length_reads_touch_nothing(engine, data_file):
     f = engine.open(data_file[0])
     assert f.read_into(bytearray()) == 0
     assert f.read_into(np.zeros((0, 5), dtype=np.float32)) == 0
+
+
+def test_docstrings_explain_streams():
+    doc = gpuio.File.read_into.__doc__
+    assert "stream" in doc and "queued" in doc and "current stream" in doc
+    assert "cancel" in gpuio.File.aread_into.__doc__.lower()

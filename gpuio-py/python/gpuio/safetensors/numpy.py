@@ -1,7 +1,11 @@
 """``gpuio.safetensors.numpy.load_file``: ``safetensors.numpy.load_file`` through gpuio."""
 
+import os
+from typing import Dict, Optional, Union
+
 import numpy as np
 
+import gpuio
 from gpuio.safetensors import Checkpoint
 
 _DTYPES = {
@@ -41,7 +45,9 @@ def _load(checkpoint, names):
     return checkpoint.load(names, alloc=lambda n: np.empty(n, dtype=np.uint8), build=_build)
 
 
-def load_file(filename, *, engine=None):
+def load_file(
+    filename: Union[str, "os.PathLike[str]"], *, engine: Optional[gpuio.Engine] = None
+) -> Dict[str, np.ndarray]:
     """Loads every tensor of a ``.safetensors`` file as numpy arrays:
     ``{name: np.ndarray}``, the same dtypes, shapes and values as
     ``safetensors.numpy.load_file``."""

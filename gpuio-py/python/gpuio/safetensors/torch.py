@@ -1,8 +1,12 @@
 """``gpuio.safetensors.torch.load_file``: ``safetensors.torch.load_file`` through gpuio,
 straight into GPU memory for ``device="cuda:N"``."""
 
+import os
+from typing import Dict, Optional, Union
+
 import torch
 
+import gpuio
 from gpuio.safetensors import Checkpoint
 
 _DTYPES = {
@@ -75,7 +79,12 @@ def _load(checkpoint, names, device="cpu"):
     )
 
 
-def load_file(filename, device="cpu", *, engine=None):
+def load_file(
+    filename: Union[str, "os.PathLike[str]"],
+    device: Union[str, int, "torch.device"] = "cpu",
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> Dict[str, "torch.Tensor"]:
     """Loads every tensor of a ``.safetensors`` file: ``{name: torch.Tensor}`` with the same
     dtypes, shapes and values as ``safetensors.torch.load_file``. ``device`` is ``"cpu"``
     (default), ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device``; on a GPU the bytes go
