@@ -6,8 +6,8 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Context, Error, OpKind, Result};
 use crate::engine::Engine;
+use crate::error::{Context, Error, OpKind, Result};
 use crate::file::OpenOptions;
 
 /// One part of a [`Report`]: a name to find it by and the lines it prints.

@@ -25,7 +25,8 @@ fn seconds(s: f64, what: &str) -> PyResult<Duration> {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (*, backend = "auto", chunk_size = None, queue_depth = None,
+    #[pyo3(signature = (*, backend = "auto", chunk_size = None, buffered_chunk_size = None,
+        direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
         reactor_spin = None, reactor_tick = None))]
@@ -34,7 +35,10 @@ impl Engine {
         py: Python<'_>,
         backend: &str,
         chunk_size: Option<usize>,
+        buffered_chunk_size: Option<usize>,
+        direct_chunk_size: Option<usize>,
         queue_depth: Option<usize>,
+        iowq_workers: Option<u32>,
         bounce_slots: Option<usize>,
         bounce_growth: Option<usize>,
         pool_wait_limit: Option<f64>,
@@ -55,8 +59,17 @@ impl Engine {
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }
+        if let Some(v) = buffered_chunk_size {
+            b = b.buffered_chunk_size(v);
+        }
+        if let Some(v) = direct_chunk_size {
+            b = b.direct_chunk_size(v);
+        }
         if let Some(v) = queue_depth {
             b = b.queue_depth(v);
+        }
+        if let Some(v) = iowq_workers {
+            b = b.iowq_workers(v);
         }
         if let Some(v) = bounce_slots {
             b = b.bounce_slots(v);

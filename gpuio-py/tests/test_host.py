@@ -157,3 +157,23 @@ def test_docstrings_explain_streams():
     doc = gpuio.File.read_into.__doc__
     assert "stream" in doc and "queued" in doc and "current stream" in doc
     assert "cancel" in gpuio.File.aread_into.__doc__.lower()
+
+
+def test_check_reports_the_machine_and_path(tmpdir_path):
+    report = gpuio.check(tmpdir_path)
+    text = str(report)
+    names = [name for name, _ in report.sections]
+    assert names[:4] == ["gpuio", "io_uring", "engine", "path"]
+    assert "cuda" in names and "gds" in names
+    assert text.startswith(f"gpuio {gpuio.__version__}")
+    assert f"path {tmpdir_path}" in text and "O_DIRECT" in text
+    assert str(gpuio.check()).splitlines()[0] == text.splitlines()[0]
+
+
+def test_check_refuses_what_it_cannot_examine(tmpdir_path):
+    with pytest.raises(gpuio.IoError):
+        gpuio.check(os.path.join(tmpdir_path, "missing"))
+    fifo = os.path.join(tmpdir_path, "fifo")
+    os.mkfifo(fifo)
+    with pytest.raises(gpuio.InvalidInput, match="FIFO|fifo|pipe"):
+        gpuio.check(fifo)

@@ -10,7 +10,7 @@
 Destinations and sources: the buffer protocol (numpy, bytearray, memoryview) for host memory;
 ``__cuda_array_interface__`` and DLPack (torch, cupy) for device memory.
 ``gpuio.safetensors.torch`` and ``gpuio.safetensors.numpy`` mirror the safetensors package's
-modules. Errors are ``gpuio.Error`` subclasses (see ``gpuio._errors``).
+modules. ``print(gpuio.check())`` says what this machine offers (as ``gpuio check``). Errors are ``gpuio.Error`` subclasses (see ``gpuio._errors``).
 """
 
 from gpuio._errors import (
@@ -24,9 +24,10 @@ from gpuio._errors import (
     UnexpectedEof,
     Unsupported,
 )
-from gpuio._native import Engine, File, __version__, cuda_available
+from gpuio._native import CheckReport, Engine, File, __version__, check, cuda_available
 
 __all__ = [
+    "CheckReport",
     "CudaError",
     "Engine",
     "Error",
@@ -39,5 +40,6 @@ __all__ = [
     "UnexpectedEof",
     "Unsupported",
     "__version__",
+    "check",
     "cuda_available",
 ]

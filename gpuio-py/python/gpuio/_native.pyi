@@ -14,6 +14,15 @@ Desc = tuple[int, int, int]
 
 __version__: str
 
+class CheckReport:
+    """What ``gpuio check`` reports; ``str()`` prints it as the command does."""
+
+    @property
+    def sections(self) -> list[tuple[str, list[str]]]: ...
+
+def check(path: Optional[Union[str, os.PathLike[str]]] = None) -> CheckReport:
+    """Examines this machine and ``path`` (default ``"."``) as ``gpuio check PATH`` does."""
+
 def cuda_available() -> bool:
     """Whether a usable CUDA device exists (cached after the first call)."""
 
@@ -28,7 +37,10 @@ class Engine:
         *,
         backend: str = "auto",
         chunk_size: Optional[int] = None,
+        buffered_chunk_size: Optional[int] = None,
+        direct_chunk_size: Optional[int] = None,
         queue_depth: Optional[int] = None,
+        iowq_workers: Optional[int] = None,
         bounce_slots: Optional[int] = None,
         bounce_growth: Optional[int] = None,
         pool_wait_limit: Optional[float] = None,
