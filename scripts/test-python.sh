@@ -12,17 +12,21 @@ VENV=${GPUIO_PY_VENV:-$PWD/target/py-venv}
 # Pinned: the versions the suite was written and last run against.
 PINS=(maturin==1.16.0 pytest==9.2.0 numpy==2.4.6 safetensors==0.8.0)
 
+apt_install() { # packages...
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "test-python: $* missing and cannot be installed here (not root, or no apt-get)" >&2
+    exit 1
+  fi
+}
+command -v python3 >/dev/null || apt_install python3 python3-venv python3-pip
 if [ ! -x "$VENV/bin/python" ]; then
   if ! python3 -m venv "$VENV" 2>/dev/null; then
     rm -rf "$VENV"
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      echo "test-python: python3 -m venv failed; installing python3-venv" >&2
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv python3-pip >/dev/null
-      python3 -m venv "$VENV"
-    else
-      echo "test-python: python3 -m venv failed and python3-venv cannot be installed here" >&2
-      exit 1
-    fi
+    echo "test-python: python3 -m venv failed; installing python3-venv" >&2
+    apt_install python3-venv python3-pip
+    python3 -m venv "$VENV"
   fi
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip

@@ -77,7 +77,10 @@ impl HostMemory {
 pub struct DeviceMemory {
     /// The range, on the stream the operation uses.
     pub slice: RawDeviceSlice,
-    keep: Option<Py<PyAny>>,
+    /// The object (or its DLPack capsule), and the caller's stream object: a stream
+    /// destroyed while copies are queued on it would leave the release below waiting on a
+    /// dead (or reused) handle.
+    keep: Vec<Py<PyAny>>,
     engine: gpuio::Engine,
 }
 
@@ -87,7 +90,7 @@ impl Drop for DeviceMemory {
     /// only once the stream has passed them, waited for on the engine's reactor from the
     /// binding's own thread pool, so no thread blocks and no GIL is held meanwhile.
     fn drop(&mut self) {
-        let keep = self.keep.take();
+        let keep = std::mem::take(&mut self.keep);
         let stream = self.slice.stream().clone();
         let engine = self.engine.clone();
         crate::runner::pool().spawn_ok(async move {
@@ -101,13 +104,14 @@ impl Drop for DeviceMemory {
     }
 }
 
-/// Drops a Python reference with the interpreter attached (the object may own a large
-/// tensor: release it now, not at the next attach); leaks it where the interpreter is gone.
-pub fn release(keep: Option<Py<PyAny>>) {
-    if let Some(obj) = keep {
-        // Not attached (the interpreter is finalizing): pyo3 defers the decref instead.
-        let _ = Python::try_attach(move |_py| drop(obj));
+/// Drops Python references with the interpreter attached (an object may own a large tensor:
+/// release it now, not at the next attach).
+pub fn release(keep: Vec<Py<PyAny>>) {
+    if keep.is_empty() {
+        return;
     }
+    // Not attached (the interpreter is finalizing): pyo3 defers the decrefs instead.
+    let _ = Python::try_attach(move |_py| drop(keep));
 }
 
 /// A raw CUDA stream handle from a Python stream object: an int, an object with
@@ -184,11 +188,12 @@ pub fn extract(
         Some(s) => Some(stream_handle(s)?),
         None => torch_current_stream(obj)?,
     };
+    let stream_obj = stream.map(|s| s.clone().unbind());
     if obj.is_instance_of::<PyCapsule>() {
-        return dlpack_capsule(engine, obj.clone().unbind(), user_stream);
+        return dlpack_capsule(engine, obj.clone().unbind(), user_stream, stream_obj);
     }
     if let Ok(cai) = obj.getattr("__cuda_array_interface__") {
-        return cuda_array_interface(engine, obj, &cai, user_stream, access);
+        return cuda_array_interface(engine, obj, &cai, (user_stream, stream_obj), access);
     }
     if let Ok(view) = PyMemoryView::from(obj) {
         return host_buffer(py, &view, access).map(Memory::Host);
@@ -205,7 +210,7 @@ pub fn extract(
             kwargs.set_item("stream", consumer)?;
         }
         let capsule = obj.call_method("__dlpack__", (), Some(&kwargs))?;
-        return dlpack_capsule(engine, capsule.unbind(), user_stream);
+        return dlpack_capsule(engine, capsule.unbind(), user_stream, stream_obj);
     }
     Err(PyTypeError::new_err(format!(
         "{} is not memory gpuio can use: pass an object with the buffer protocol (numpy array, \
@@ -273,7 +278,7 @@ fn device(
     ptr: u64,
     len: usize,
     stream: u64,
-    keep: Py<PyAny>,
+    keep: Vec<Py<PyAny>>,
 ) -> PyResult<Memory> {
     let stream = wrap_stream(ordinal, stream)?;
     // SAFETY: `ptr..ptr + len` is the memory the object exported (checked to be device memory
@@ -285,7 +290,7 @@ fn device(
         .map_err(to_py)?;
     Ok(Memory::Device(DeviceMemory {
         slice,
-        keep: Some(keep),
+        keep,
         engine: engine.clone(),
     }))
 }
@@ -294,7 +299,7 @@ fn cuda_array_interface(
     engine: &gpuio::Engine,
     obj: &Bound<'_, PyAny>,
     cai: &Bound<'_, PyAny>,
-    user_stream: Option<u64>,
+    (user_stream, stream_obj): (Option<u64>, Option<Py<PyAny>>),
     access: Access,
 ) -> PyResult<Memory> {
     let py = obj.py();
@@ -356,7 +361,8 @@ fn cuda_array_interface(
         (None, Some(p)) => p,
         (None, None) => 0,
     };
-    device(engine, ordinal, ptr, len, stream, obj.clone().unbind())
+    let keep = std::iter::once(obj.clone().unbind()).chain(stream_obj).collect();
+    device(engine, ordinal, ptr, len, stream, keep)
 }
 
 // DLPack's C structures (dlpack.h, version 0.8 ABI: unversioned "dltensor" capsules).
@@ -402,6 +408,7 @@ fn dlpack_capsule(
     engine: &gpuio::Engine,
     capsule: Py<PyAny>,
     user_stream: Option<u64>,
+    stream_obj: Option<Py<PyAny>>,
 ) -> PyResult<Memory> {
     Python::attach(|py| {
         let cap = capsule.bind(py);
@@ -451,7 +458,8 @@ fn dlpack_capsule(
             DL_CUDA | DL_CUDA_MANAGED => {
                 let ordinal = t.device.device_id.max(0) as usize;
                 let stream = user_stream.unwrap_or(0);
-                device(engine, ordinal, ptr, len, stream, capsule.clone_ref(py))
+                let keep = std::iter::once(capsule.clone_ref(py)).chain(stream_obj).collect();
+                device(engine, ordinal, ptr, len, stream, keep)
             }
             other => Err(PyTypeError::new_err(format!(
                 "DLPack device type {other} is neither host nor CUDA memory"
