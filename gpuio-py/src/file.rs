@@ -233,12 +233,12 @@ impl File {
     ///
     /// Stream semantics (device memory): the copies into ``dst`` are queued on ``stream``
     /// (an int handle, ``torch.cuda.Stream``, ``cupy.cuda.Stream``, or any object with
-    /// ``__cuda_stream__``); without one, for a torch tensor on torch's current stream of its
-    /// device (what torch orders work on the tensor by), else on the stream the object names
-    /// in its ``__cuda_array_interface__`` (v3, e.g. cupy's current stream), else on the
-    /// legacy default stream. Where both ``stream`` and the object's interface name a stream,
-    /// ``stream`` first waits for the object's. DLPack producers are asked (``__dlpack__(
-    /// stream=...)``) to order their pending work before the stream used.
+    /// ``__cuda_stream__``); without one, on the object's stream: the one its
+    /// ``__cuda_array_interface__`` names (v3, e.g. cupy's current stream), for a torch
+    /// tensor torch's current stream on its device (torch's interface is v2 and names none),
+    /// else the legacy default stream. Where ``stream`` is given and differs from the
+    /// object's, ``stream`` first waits for the object's pending work. DLPack producers are
+    /// asked (``__dlpack__(stream=...)``) to order their pending work before the stream used.
     /// The call returns once every copy is **queued**: kernels launched afterwards on that
     /// stream see the data; synchronize the stream before looking at the memory any other
     /// way. gpuio keeps a reference to ``dst`` until the stream has passed the copies.

@@ -184,10 +184,7 @@ pub fn extract(
     access: Access,
 ) -> PyResult<Memory> {
     let py = obj.py();
-    let user_stream = match stream {
-        Some(s) => Some(stream_handle(s)?),
-        None => torch_current_stream(obj)?,
-    };
+    let user_stream = stream.map(stream_handle).transpose()?;
     let stream_obj = stream.map(|s| s.clone().unbind());
     if obj.is_instance_of::<PyCapsule>() {
         return dlpack_capsule(engine, obj.clone().unbind(), user_stream, stream_obj);
@@ -331,10 +328,11 @@ fn cuda_array_interface(
         ));
     }
     let len = shape.iter().product::<usize>() * item;
-    // The producer's stream (v3): work on the memory is queued there. None: nothing pending.
+    // The producer's stream, where work on the memory is queued: the interface's (v3), or
+    // for a torch tensor (whose interface is v2) torch's current stream. None: nothing pending.
     let producer: Option<u64> = match cai.get_item("stream")? {
         Some(s) if !s.is_none() => Some(s.extract()?),
-        _ => None,
+        _ => torch_current_stream(obj)?,
     };
     if len == 0 {
         return Ok(Memory::Host(HostMemory {
@@ -361,7 +359,9 @@ fn cuda_array_interface(
         (None, Some(p)) => p,
         (None, None) => 0,
     };
-    let keep = std::iter::once(obj.clone().unbind()).chain(stream_obj).collect();
+    let keep = std::iter::once(obj.clone().unbind())
+        .chain(stream_obj)
+        .collect();
     device(engine, ordinal, ptr, len, stream, keep)
 }
 
@@ -458,7 +458,9 @@ fn dlpack_capsule(
             DL_CUDA | DL_CUDA_MANAGED => {
                 let ordinal = t.device.device_id.max(0) as usize;
                 let stream = user_stream.unwrap_or(0);
-                let keep = std::iter::once(capsule.clone_ref(py)).chain(stream_obj).collect();
+                let keep = std::iter::once(capsule.clone_ref(py))
+                    .chain(stream_obj)
+                    .collect();
                 device(engine, ordinal, ptr, len, stream, keep)
             }
             other => Err(PyTypeError::new_err(format!(
