@@ -35,6 +35,9 @@ for _name, _attr in [
         _DTYPES[_name] = getattr(torch, _attr)
 
 
+_SIZES = {k: torch.empty((), dtype=v).element_size() for k, v in _DTYPES.items()}
+
+
 def _dtype(name, dtype):
     try:
         return _DTYPES[dtype]
@@ -47,8 +50,7 @@ def _dtype(name, dtype):
 def _build(buf, name, dtype, shape, start, end):
     dt = _dtype(name, dtype)
     raw = buf[start:end]
-    size = torch.empty((), dtype=dt).element_size()
-    if start % size:
+    if start % _SIZES[dtype]:
         # A view must start aligned to its element size; a file whose header length leaves
         # this tensor misaligned gets its own (aligned) copy.
         raw = raw.clone()
