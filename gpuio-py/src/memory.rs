@@ -416,9 +416,14 @@ fn dlpack_capsule(
         // named "dltensor" and sets an exception (returning null) otherwise.
         let raw = unsafe { pyo3::ffi::PyCapsule_GetPointer(cap.as_ptr(), c"dltensor".as_ptr()) };
         if raw.is_null() {
-            return Err(PyErr::take(py).unwrap_or_else(|| {
-                PyTypeError::new_err("not a DLPack capsule named \"dltensor\"")
-            }));
+            let why = PyErr::take(py).map_or_else(String::new, |e| e.to_string());
+            return Err(invalid(
+                py,
+                format!(
+                    "not an unconsumed DLPack capsule named \"dltensor\" (a capsule can be \
+                     consumed once; versioned capsules are not taken): {why}"
+                ),
+            ));
         }
         // SAFETY: a "dltensor" capsule holds a DLManagedTensor, valid while the capsule lives
         // unconsumed (we hold it); shape has ndim entries, strides ndim entries or null.

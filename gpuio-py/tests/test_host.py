@@ -177,3 +177,57 @@ def test_check_refuses_what_it_cannot_examine(tmpdir_path):
     os.mkfifo(fifo)
     with pytest.raises(gpuio.InvalidInput, match="FIFO|fifo|pipe"):
         gpuio.check(fifo)
+
+
+class DLPackOnly:
+    """Exposes only DLPack (no buffer protocol), like a CPU tensor of a framework."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, stream=None, **kw):
+        assert stream is None, "host memory is exported without a stream"
+        return self.arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def test_dlpack_host_memory(engine, data_file):
+    path, data = data_file
+    f = engine.open(path)
+    arr = np.zeros((3, 1000), dtype=np.int16)
+    assert f.read_into(DLPackOnly(arr), 9) == arr.nbytes
+    assert arr.tobytes() == data[9 : 9 + arr.nbytes]
+    # A capsule itself, of a slice with an offset into its base.
+    base = np.zeros(64, dtype=np.uint8)
+    assert f.read_into(base[8:40].__dlpack__(), 1) == 32
+    assert bytes(base[8:40]) == data[1:33] and not base[:8].any() and not base[40:].any()
+    with pytest.raises(gpuio.InvalidInput, match="not C-contiguous"):
+        f.read_into(DLPackOnly(np.zeros((4, 4), dtype=np.uint8)[:, ::2]))
+    # A consumed capsule is refused, not read through.
+    cap = base.__dlpack__()
+    np.from_dlpack(type("C", (), {"__dlpack__": lambda s, **k: cap, "__dlpack_device__": lambda s: (1, 0)})())
+    with pytest.raises(gpuio.InvalidInput, match="unconsumed DLPack capsule"):
+        f.read_into(cap)
+
+
+def test_device_memory_without_cuda_is_unsupported(engine, data_file):
+    if gpuio.cuda_available():
+        from conftest import skip_loudly
+
+        skip_loudly("this machine has CUDA: test_gpu.py covers device memory")
+    f = engine.open(data_file[0])
+    host = np.zeros(16, dtype=np.uint8)
+
+    class CAI:
+        __cuda_array_interface__ = {
+            "data": (host.ctypes.data, False),
+            "shape": (16,),
+            "typestr": "|u1",
+            "version": 3,
+        }
+
+    with pytest.raises(gpuio.Unsupported, match="CUDA"):
+        f.read_into(CAI())
+    assert not host.any()
