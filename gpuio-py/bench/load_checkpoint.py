@@ -74,7 +74,8 @@ def make_loaders(torch, device, only):
                 loader.add_filenames({0: [p]})
                 fb = loader.copy_files_to_device()
                 try:
-                    return {k: fb.get_tensor(k).clone() for k in loader.get_keys()}
+                    # Cloned: fastsafetensors' tensors live in its buffer, freed by close().
+                    return {r[0]: fb.get_tensor(r[0]).clone() for r in header(p)[1]}
                 finally:
                     fb.close()
             finally:
