@@ -132,7 +132,7 @@ def test_bad_device_memory_is_refused(torch, engine, data_file):
             "version": 3,
         }
 
-    with pytest.raises(gpuio.InvalidInput, match="not CUDA memory"):
+    with pytest.raises(gpuio.InvalidInput, match="not CUDA"):
         f.read_into(HostBehindCAI())
     assert not host.any()
 
