@@ -127,7 +127,7 @@ if [ "${PY:-1}" = 1 ]; then
   rm -rf py/site && mkdir -p py/site
   if python3 -m zipfile -e py/gpuio-*.whl py/site 2> "$LOGS/py-unpack.err"; then
     start=$(date +%s)
-    if (cd py && PYTHONPATH="$PWD/site" timeout "${PY_TIMEOUT:-900}" python3 -m pytest -rs -p no:cacheprovider tests) > "$LOGS/py-tests.log" 2>&1; then status=PASS; else status=FAIL; fi
+    if (cd py && PYTHONPATH="$PWD/site" timeout "${PY_TIMEOUT:-900}" python3 -m pytest -rsfE -p no:cacheprovider tests) > "$LOGS/py-tests.log" 2>&1; then status=PASS; else status=FAIL; fi
     summary=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$LOGS/py-tests.log" | tail -1 | tr -d '=' | xargs)
     TABLE+=("$(printf '%-34s %-5s %4ss  %s' "py:pytest" "$status" "$(( $(date +%s) - start ))" "$summary")")
     while read -r l; do TABLE+=("py: $l"); done < <(grep -E '^(SKIPPED|FAILED|ERROR) ' "$LOGS/py-tests.log" | head -20)
