@@ -290,7 +290,8 @@ if [ "${PY:-1}" = 1 ] && [ "${PY_BENCH:-1}" = 1 ] && [ -d py/site ]; then
   M="$GPUIO_TEST_DIR/model.safetensors"
   [ -f "$M" ] || ./bin/load_safetensors --make "$M" "${CHECKPOINT_MIB:-4096}" > "$LOGS/st-make.txt" 2>&1
   PYTHONPATH="$PWD/py/site" timeout "${PY_BENCH_TIMEOUT:-900}" python3 py/bench/load_checkpoint.py "$M" \
-    --rounds "${PY_BENCH_ROUNDS:-3}" --json "$LOGS/py-bench.jsonl" > "$LOGS/py-bench.txt" 2>&1
+    --rounds "${PY_BENCH_ROUNDS:-3}" --rust-example ./bin/load_safetensors \
+    --json "$LOGS/py-bench.jsonl" > "$LOGS/py-bench.txt" 2>&1
   while read -r l; do TABLE+=("py-bench: $l"); done < <(grep -E '^(checkpoint|verify|absent|failed|cold|summary|ratio|raw)' "$LOGS/py-bench.txt")
 fi
 

@@ -183,12 +183,32 @@ class Cache:
                 pass
 
 
+def rust_example(binary, path):
+    """Runs the Rust load_safetensors example; returns its load time (header included) as
+    the 'tensors' value, which timed() replaces by that time."""
+    import re
+    import subprocess
+
+    out = subprocess.run([binary, path, "--no-verify"], capture_output=True, text=True, check=True)
+    m = re.search(r" in ([0-9.]+) s \(header ([0-9.]+) ms\)", out.stdout)
+    if not m:
+        raise RuntimeError(f"unexpected output: {out.stdout.strip().splitlines()[-1:]}")
+    return RustSeconds(float(m.group(1)) + float(m.group(2)) / 1e3)
+
+
+class RustSeconds(float):
+    """A time measured by the Rust example itself (its process start is not the load)."""
+
+
 def timed(torch, fn, path):
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     out = fn(path)
     torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
+    secs = time.perf_counter() - t0
+    if isinstance(out, RustSeconds):
+        secs = float(out)
+    return secs, out
 
 
 def main():
@@ -200,6 +220,11 @@ def main():
     ap.add_argument("--peers", default="", help="comma-separated subset of loaders")
     ap.add_argument("--json", help="append one JSON line per measurement here")
     ap.add_argument("--raw-rounds", type=int, default=5)
+    ap.add_argument(
+        "--rust-example",
+        help="the load_safetensors example binary: timed in the same rounds (header read "
+        "included), for the Python layer's overhead",
+    )
     args = ap.parse_args()
 
     try:
@@ -239,6 +264,8 @@ def main():
         del ref, got
         torch.cuda.empty_cache()
 
+    if args.rust_example:
+        runnable["rust-example"] = lambda p: rust_example(args.rust_example, p)
     results = {}
     names = list(runnable)
     failed = {}
@@ -266,7 +293,10 @@ def main():
         med = {n: statistics.median(v) for (n, m), v in results.items() if m == mode}
         for n, s in sorted(med.items(), key=lambda kv: kv[1]):
             print(f"summary {mode}: {n:16s} median {s:.3f} s  {size / s / 1e9:6.2f} GB/s")
-        peers = {n: s for n, s in med.items() if n != "gpuio"}
+        peers = {n: s for n, s in med.items() if n not in ("gpuio", "rust-example")}
+        if "gpuio" in med and "rust-example" in med:
+            print(f"ratio {mode}: python overhead: gpuio.safetensors.torch takes "
+                  f"{med['gpuio'] / med['rust-example']:.3f}x the Rust example's time")
         if "gpuio" in med and peers:
             best = min(peers, key=peers.get)
             print(f"ratio {mode}: gpuio {peers[best] / med['gpuio']:.2f}x the best peer ({best}); "
