@@ -256,12 +256,15 @@ def main():
     out = open(args.json, "a") if args.json else None
 
     # Correctness once: gpuio's tensors against safetensors'.
-    if "safetensors" in runnable:
-        ref = runnable["safetensors"](args.path)
-        got = runnable["gpuio"](args.path)
-        bad = [k for k in ref if k not in got or not torch.equal(ref[k], got[k])]
-        print(f"verify: gpuio vs safetensors: {len(ref)} tensors, {len(bad)} differ {bad[:3]}")
-        del ref, got
+    if "safetensors" in runnable and "gpuio" in runnable:
+        try:
+            ref = runnable["safetensors"](args.path)
+            got = runnable["gpuio"](args.path)
+            bad = [k for k in ref if k not in got or not torch.equal(ref[k], got[k])]
+            print(f"verify: gpuio vs safetensors: {len(ref)} tensors, {len(bad)} differ {bad[:3]}")
+            del ref, got
+        except Exception as e:
+            print(f"verify: failed: {type(e).__name__}: {e}")
         torch.cuda.empty_cache()
 
     if args.rust_example:
