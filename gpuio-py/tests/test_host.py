@@ -231,3 +231,42 @@ def test_device_memory_without_cuda_is_unsupported(engine, data_file):
     with pytest.raises(gpuio.Unsupported, match="CUDA"):
         f.read_into(CAI())
     assert not host.any()
+
+
+def test_sync_read_releases_the_gil(tmpdir_path):
+    import threading
+    import time
+
+    from conftest import skip_loudly
+
+    path = os.path.join(tmpdir_path, "gil.bin")
+    size = 128 << 20
+    with open(path, "wb") as g:
+        g.truncate(size)
+    # A slow engine on purpose (one 64 KiB piece at a time): the read must last long enough
+    # for a held GIL to show as one long stall of the thread below.
+    slow = gpuio.Engine(backend="pread", queue_depth=1, pread_threads=1, chunk_size=64 << 10)
+    f = slow.open(path)
+    buf = np.ones(size, dtype=np.uint8)
+    span = {}
+
+    def reader():
+        span["start"] = time.perf_counter()
+        f.read_into(buf)
+        span["end"] = time.perf_counter()
+
+    t = threading.Thread(target=reader)
+    ticks = []
+    t.start()
+    while t.is_alive():
+        ticks.append(time.perf_counter())
+    t.join()
+    start, end = span["start"], span["end"]
+    took = end - start
+    if took < 0.05:
+        skip_loudly(f"the read took {took:.4f} s: too short to tell a held GIL from scheduling")
+    inside = [x for x in ticks if start <= x <= end]
+    stall = max(b - a for a, b in zip([start] + inside, inside + [end]))
+    # Holding the GIL through the read would stall this thread for (about) all of it.
+    assert stall < took / 2, f"this thread stalled {stall:.3f} s of a {took:.3f} s read"
+    assert not buf.any()
