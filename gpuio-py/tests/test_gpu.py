@@ -178,9 +178,11 @@ def test_async_read_and_cancel_on_device(torch, engine, tmpdir_path):
         # copies already queued, and the engine goes on working.
         victim = torch.empty(len(data), dtype=torch.uint8, device="cuda")
         alive = weakref.ref(victim)
-        task = asyncio.ensure_future(f.aread_into(victim))
+        # A slow engine (one 64 KiB piece at a time): the read is far from done when cancelled.
+        slow = gpuio.Engine(backend="pread", queue_depth=1, pread_threads=1, chunk_size=64 << 10)
+        task = asyncio.ensure_future(slow.open(path).aread_into(victim))
         del victim
-        await asyncio.sleep(0)  # started, and far from done (256 MiB)
+        await asyncio.sleep(0)
         assert task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
