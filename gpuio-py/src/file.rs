@@ -365,17 +365,22 @@ impl File {
         self.inner.is_direct()
     }
 
-    /// What serves this file's device-memory transfers (cuFile or the bounce path), and why.
+    /// What serves this file's device-memory transfers: ``"gds"``, ``"cufile-compat"`` or
+    /// ``"bounce (why)"``.
     fn gds_status(&self, py: Python<'_>) -> String {
         let file = self.inner.clone();
-        py.detach(move || format!("{:?}", file.gds_status()))
+        py.detach(move || file.gds_status().to_string())
     }
 
     fn __repr__(&self) -> String {
         format!(
             "gpuio.File({:?}, direct={})",
             self.inner.path(),
-            self.inner.is_direct()
+            if self.inner.is_direct() {
+                "True"
+            } else {
+                "False"
+            }
         )
     }
 }

@@ -270,3 +270,12 @@ def test_sync_read_releases_the_gil(tmpdir_path):
     # Holding the GIL through the read would stall this thread for (about) all of it.
     assert stall < took / 2, f"this thread stalled {stall:.3f} s of a {took:.3f} s read"
     assert not buf.any()
+
+
+def test_file_properties(engine, data_file):
+    path, data = data_file
+    f = engine.open(path)
+    assert str(f.path) == path and f.size() == len(data) and f.direct is False
+    assert repr(f) == f'gpuio.File("{path}", direct=False)'
+    assert f.gds_status().split(" ")[0] in ("gds", "cufile-compat", "bounce")
+    assert engine.backend in ("io_uring", "pread") and engine.backend_detail is not None
