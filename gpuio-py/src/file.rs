@@ -7,6 +7,7 @@ use std::time::Duration;
 use gpuio::batch::{BatchPlan, ReadDesc};
 use pyo3::prelude::*;
 
+use crate::context::KeepCurrentContext;
 use crate::errors::to_py;
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, spawn};
@@ -253,6 +254,7 @@ impl File {
         offset: u64,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         block(py, read(self.inner.clone(), mem, offset)).map_err(to_py)
     }
@@ -270,6 +272,7 @@ impl File {
         offset: u64,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         let op = read(self.inner.clone(), mem, offset);
         spawn(py, async move { op.await.map_err(to_py) })
@@ -290,6 +293,7 @@ impl File {
         offset: u64,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
         block(py, write(self.inner.clone(), mem, offset)).map_err(to_py)
     }
@@ -304,6 +308,7 @@ impl File {
         offset: u64,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
         let op = write(self.inner.clone(), mem, offset);
         spawn(py, async move { op.await.map_err(to_py) })
@@ -323,6 +328,7 @@ impl File {
         dst: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<usize>> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         let plan = batch_plan(&self.inner, descs);
         block(py, run_batch(plan, mem)).map_err(to_py)
@@ -337,6 +343,7 @@ impl File {
         dst: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         let op = run_batch(batch_plan(&self.inner, descs), mem);
         spawn(py, async move { op.await.map_err(to_py) })

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use gpuio::batch::BatchPlan;
 use pyo3::prelude::*;
 
+use crate::context::KeepCurrentContext;
 use crate::errors::to_py;
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
@@ -141,6 +142,7 @@ impl LoadPlan {
         dst: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
         block(py, load(self.plan.clone(), mem)).map_err(to_py)
     }
@@ -153,6 +155,7 @@ impl LoadPlan {
         dst: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
         let op = load(self.plan.clone(), mem);
         spawn(py, async move { op.await.map_err(to_py) })

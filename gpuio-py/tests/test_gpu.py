@@ -232,3 +232,16 @@ def test_checkpoint_matches_safetensors_torch(torch, tmpdir_path):
         assert torch.equal(have, want), name
     with safe_open(path, framework="pt", device="cuda:0") as f:
         assert torch.equal(f.get_tensor("mask"), ref["mask"])
+
+
+def test_torch_current_device_is_left_alone(torch, engine, data_file):
+    if torch.cuda.device_count() < 2:
+        skip_loudly(f"needs two GPUs, this machine has {torch.cuda.device_count()}")
+    path, data = data_file
+    f = engine.open(path)
+    torch.cuda.set_device(0)
+    t = torch.zeros(1000, dtype=torch.uint8, device="cuda:1")
+    assert f.read_into(t, 5) == 1000
+    assert torch.cuda.current_device() == 0, "a read into cuda:1 changed torch's device"
+    torch.cuda.synchronize(1)
+    assert t.cpu().numpy().tobytes() == data[5:1005]
