@@ -93,7 +93,13 @@ impl Drop for DeviceMemory {
         let keep = std::mem::take(&mut self.keep);
         let stream = self.slice.stream().clone();
         let engine = self.engine.clone();
-        crate::runner::pool().spawn_ok(async move {
+        let Some(pool) = crate::runner::pool() else {
+            // No pool to wait on: wait here (the copies are queued; this is their run time).
+            let _ = stream.synchronize();
+            release(keep);
+            return;
+        };
+        pool.spawn_ok(async move {
             if engine.synchronize(&stream).await.is_err() {
                 // The engine could not wait (it shut down): wait here instead. This blocks
                 // one pool thread, and only on this path.

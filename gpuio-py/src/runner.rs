@@ -22,16 +22,19 @@ use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 
 /// The binding's pool: polls asyncio operations and waits out device memory releases.
-pub fn pool() -> &'static ThreadPool {
-    static POOL: OnceLock<ThreadPool> = OnceLock::new();
+/// `None` where the OS refused to start its threads (then awaitables fail with the reason and
+/// device memory is released after a blocking stream synchronisation instead).
+pub fn pool() -> Option<&'static ThreadPool> {
+    static POOL: OnceLock<Option<ThreadPool>> = OnceLock::new();
     POOL.get_or_init(|| {
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
         ThreadPool::builder()
             .pool_size(threads)
             .name_prefix("gpuio-py-")
             .create()
-            .expect("gpuio: cannot start the binding's thread pool")
+            .ok()
     })
+    .as_ref()
 }
 
 /// Runs `fut` to completion on this thread with the GIL released.
@@ -66,6 +69,9 @@ pub fn spawn<'py, T>(
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    let pool = pool().ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err("gpuio: the OS refused to start gpuio's threads")
+    })?;
     let asyncio = py.import("asyncio")?;
     let event_loop = asyncio.call_method0("get_running_loop")?;
     let fut = event_loop.call_method0("create_future")?;
@@ -76,7 +82,7 @@ where
     )?;
     let resolve = py.import("gpuio._aio")?.getattr("resolve")?.unbind();
     let (event_loop, target) = (event_loop.unbind(), fut.clone().unbind());
-    pool().spawn_ok(async move {
+    pool.spawn_ok(async move {
         let outcome = Abortable::new(op, registration).await;
         // The operation (and the memory it owned) is dropped by now.
         let Ok(outcome) = outcome else { return };
