@@ -12,7 +12,15 @@ use crate::errors::to_py;
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, spawn};
 
-/// A gpuio engine: one reactor thread and its bounce pool (see the module docs).
+/// A gpuio engine: one reactor thread (io_uring, or a pread pool) and its pinned bounce
+/// pool; open files with ``open``. The keyword arguments are the library's builder settings
+/// (sizes in bytes, times in seconds; unset ones are sized from the machine, as
+/// ``gpuio.check()`` shows): ``backend`` ("auto", "uring", "pread", "gds"), ``chunk_size``,
+/// ``buffered_chunk_size``, ``direct_chunk_size``, ``queue_depth``, ``iowq_workers``,
+/// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
+/// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
+/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``. Bad settings raise
+/// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct Engine {
     pub(crate) inner: gpuio::Engine,
@@ -184,7 +192,9 @@ impl Engine {
     }
 }
 
-/// An open file on an engine; see ``gpuio.File`` in the package for the documentation.
+/// An open file on an engine (``Engine.open``). Sync methods release the GIL while the I/O
+/// runs; the ``a*`` methods return awaitables completing on the running asyncio loop, safe to
+/// cancel. Any offset and length work, also with ``direct=True`` (gpuio aligns).
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct File {
     pub(crate) inner: gpuio::File,
