@@ -245,3 +245,25 @@ def test_torch_current_device_is_left_alone(torch, engine, data_file):
     assert torch.cuda.current_device() == 0, "a read into cuda:1 changed torch's device"
     torch.cuda.synchronize(1)
     assert t.cpu().numpy().tobytes() == data[5:1005]
+
+
+def test_batch_into_device_memory(torch, engine, data_file):
+    path, data = data_file
+    f = engine.open(path)
+    t = torch.full((3 << 20,), 7, dtype=torch.uint8, device="cuda")
+    descs = [(0, 1 << 20, 2 << 20), (5 << 20, 1 << 20, 0), (len(data) - 100, 1000, 1 << 20)]
+    assert f.read_batch(descs, t) == [1 << 20, 1 << 20, 100]
+    host = t.cpu().numpy().tobytes()
+    assert host[2 << 20 :] == data[: 1 << 20]
+    assert host[: 1 << 20] == data[5 << 20 : 6 << 20]
+    assert host[1 << 20 : (1 << 20) + 100] == data[-100:]
+    assert host[(1 << 20) + 100 : 2 << 20] == b"\x07" * ((1 << 20) - 100)
+
+    async def main():
+        u = torch.zeros(4096, dtype=torch.uint8, device="cuda")
+        got = await f.aread_batch([(1, 2048, 2048), (9, 2048, 0)], u)
+        torch.cuda.current_stream().synchronize()
+        return got, u.cpu().numpy().tobytes()
+
+    got, host = asyncio.run(main())
+    assert got == [2048, 2048] and host == data[9:2057] + data[1:2049]
