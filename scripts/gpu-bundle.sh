@@ -71,6 +71,24 @@ mkdir -p "$OUT/py"
 "$PYVENV/bin/maturin" build --release --strip -m gpuio-py/Cargo.toml -o "$OUT/py" >/dev/null
 cp -r gpuio-py/tests "$OUT/py/tests" && cp -r gpuio-py/bench "$OUT/py/bench"
 rm -rf "$OUT"/py/tests/__pycache__ "$OUT"/py/bench/__pycache__
+cat > "$OUT/py/run.sh" <<'PYRUN'
+#!/usr/bin/env bash
+# The Python part alone: unpacks the wheel onto PYTHONPATH (nothing is installed), runs the
+# pytest suite, then the benchmark on CHECKPOINT (a .safetensors file) when one is given.
+#   py/run.sh [CHECKPOINT [load_checkpoint.py args...]]
+set -uo pipefail
+cd "$(dirname "$0")"
+rm -rf site && mkdir -p site && python3 -m zipfile -e gpuio-*.whl site || exit 1
+export PYTHONPATH=$PWD/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import gpuio; print(gpuio.check())'
+python3 -m pytest -rsfE -p no:cacheprovider tests; rc=$?
+if [ $# -gt 0 ]; then
+  ckpt=$1; shift
+  python3 bench/load_checkpoint.py "$ckpt" --rust-example ../bin/load_safetensors "$@" || rc=1
+fi
+exit $rc
+PYRUN
+chmod +x "$OUT/py/run.sh"
 
 cat > "$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
