@@ -16,6 +16,8 @@ fn raw_slice_without_cuda_is_unsupported() {
     // SAFETY: without CUDA `new` fails before anything uses the address.
     let e = unsafe { RawDeviceSlice::new(0, 0x1000, 16) }.unwrap_err();
     assert!(matches!(e, gpuio::Error::Unsupported { .. }), "{e}");
+    let e = RawDeviceSlice::device_of(0x1000).unwrap_err();
+    assert!(matches!(e, gpuio::Error::Unsupported { .. }), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,8 +62,12 @@ async fn raw_slice_reads_writes_and_refuses_host_memory() {
         back[5..].to_vec()
     );
 
+    assert_eq!(RawDeviceSlice::device_of(ptr + 100).unwrap(), 0);
+
     // Host memory is refused with a reason, not written through.
     let host = vec![0u8; 4096];
+    let e = RawDeviceSlice::device_of(host.as_ptr() as u64).unwrap_err();
+    assert!(matches!(e, gpuio::Error::InvalidInput { .. }), "{e}");
     // SAFETY: `new` only asks the driver about the address and fails; nothing is written.
     let e = unsafe { RawDeviceSlice::new(0, host.as_ptr() as u64, host.len()) }.unwrap_err();
     assert!(matches!(e, gpuio::Error::InvalidInput { .. }), "{e}");
