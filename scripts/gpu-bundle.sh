@@ -5,7 +5,8 @@
 #   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle (git-ignored)
 #   # copy DIR to the GPU machine, then:  DIR/run.sh
 #
-# run.sh runs every test binary (device tests included), `gpuio check`, the copy ceilings and
+# run.sh runs every test binary (device tests included), the Python package's pytest suite
+# (PY=1, default) and its checkpoint benchmark, `gpuio check`, the copy ceilings and
 # `gpuio bench --to gpu`, and prints a table last. The bundle must stay under 64 MiB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -60,6 +61,35 @@ else
   echo "gpu-bundle: SPDK could not be built; the bundle's SPDK tests will skip" >&2
 fi
 
+# The Python package as an abi3 wheel (built here: the GPU machine has no Rust), its pytest
+# suite and its benchmark; run.sh unpacks the wheel onto PYTHONPATH (nothing is installed).
+PYVENV=${GPUIO_PY_VENV:-$PWD/target/py-venv}
+if [ ! -x "$PYVENV/bin/maturin" ]; then
+  python3 -m venv "$PYVENV" && "$PYVENV/bin/python" -m pip install -q maturin==1.16.0
+fi
+mkdir -p "$OUT/py"
+"$PYVENV/bin/maturin" build --release --strip -m gpuio-py/Cargo.toml -o "$OUT/py" >/dev/null
+cp -r gpuio-py/tests "$OUT/py/tests" && cp -r gpuio-py/bench "$OUT/py/bench"
+rm -rf "$OUT"/py/tests/__pycache__ "$OUT"/py/bench/__pycache__
+cat > "$OUT/py/run.sh" <<'PYRUN'
+#!/usr/bin/env bash
+# The Python part alone: unpacks the wheel onto PYTHONPATH (nothing is installed), runs the
+# pytest suite, then the benchmark on CHECKPOINT (a .safetensors file) when one is given.
+#   py/run.sh [CHECKPOINT [load_checkpoint.py args...]]
+set -uo pipefail
+cd "$(dirname "$0")"
+rm -rf site && mkdir -p site && python3 -m zipfile -e gpuio-*.whl site || exit 1
+export PYTHONPATH=$PWD/site${PYTHONPATH:+:$PYTHONPATH}
+python3 -c 'import gpuio; print(gpuio.check())'
+python3 -m pytest -rsfE -p no:cacheprovider tests; rc=$?
+if [ $# -gt 0 ]; then
+  ckpt=$1; shift
+  python3 bench/load_checkpoint.py "$ckpt" --rust-example ../bin/load_safetensors "$@" || rc=1
+fi
+exit $rc
+PYRUN
+chmod +x "$OUT/py/run.sh"
+
 cat > "$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the gpuio bundle on a GPU machine. Writes logs under $LOGS (default ./logs).
@@ -108,6 +138,21 @@ export GPUIO_EXPECT_AUTO=bounce
 # SKIP_A=1 skips phase A's tests (a rerun on a machine whose udev data is already fixed).
 [ -n "${SKIP_A:-}" ] || for t in tests/*; do run_test A "$t"; done
 unset GPUIO_EXPECT_AUTO
+
+# ---- Python: the wheel unpacked onto PYTHONPATH, its pytest suite with the GPU tests (torch,
+# cupy, a 2 GiB checkpoint against safetensors.torch). PY=0 skips it and the Python benchmark.
+if [ "${PY:-1}" = 1 ]; then
+  rm -rf py/site && mkdir -p py/site
+  if python3 -m zipfile -e py/gpuio-*.whl py/site 2> "$LOGS/py-unpack.err"; then
+    start=$(date +%s)
+    if (cd py && PYTHONPATH="$PWD/site" timeout "${PY_TIMEOUT:-900}" python3 -m pytest -rsfE -p no:cacheprovider tests) > "$LOGS/py-tests.log" 2>&1; then status=PASS; else status=FAIL; fi
+    summary=$(grep -E '^=+ .*(passed|failed|error|skipped).* =+$' "$LOGS/py-tests.log" | tail -1 | tr -d '=' | xargs)
+    TABLE+=("$(printf '%-34s %-5s %4ss  %s' "py:pytest" "$status" "$(( $(date +%s) - start ))" "$summary")")
+    while read -r l; do TABLE+=("py: $l"); done < <(grep -E '^(SKIPPED|FAILED|ERROR) ' "$LOGS/py-tests.log" | head -20)
+  else
+    TABLE+=("py:pytest FAIL: the wheel did not unpack: $(tail -1 "$LOGS/py-unpack.err")")
+  fi
+fi
 ./bin/copy_ceiling 1024 | tee "$LOGS/ceiling.txt"
 while read -r l; do TABLE+=("$l"); done < <(grep -E 'host-to-device|driver call|SKIPPED' "$LOGS/ceiling.txt")
 F="$GPUIO_TEST_DIR/bench.bin"
@@ -254,6 +299,18 @@ for line in open(sys.argv[1]):
     bench "batch 64x4K qd8 O_DIRECT to gpu #$r" --file "$F" --size 4G --bs 4K --qd 8 --pattern batch --batch 64 --direct --to gpu --seconds 4
     bench "rand 4K qd64 O_DIRECT to gpu #$r" --file "$F" --size 4G --bs 4K --qd 64 --pattern rand --direct --to gpu --seconds 4
   done
+fi
+
+# ---- the Python benchmark: gpuio.safetensors.torch.load_file against each peer present
+# (absent ones say so), warm and cold, alternating, one process; raw read_into vs KvikIO.
+# Same checkpoint as the Rust example's rows above. PY_BENCH=0 skips; PY_BENCH_ROUNDS.
+if [ "${PY:-1}" = 1 ] && [ "${PY_BENCH:-1}" = 1 ] && [ -d py/site ]; then
+  M="$GPUIO_TEST_DIR/model.safetensors"
+  [ -f "$M" ] || ./bin/load_safetensors --make "$M" "${CHECKPOINT_MIB:-4096}" > "$LOGS/st-make.txt" 2>&1
+  PYTHONPATH="$PWD/py/site" timeout "${PY_BENCH_TIMEOUT:-900}" python3 py/bench/load_checkpoint.py "$M" \
+    --rounds "${PY_BENCH_ROUNDS:-3}" --rust-example ./bin/load_safetensors \
+    --json "$LOGS/py-bench.jsonl" > "$LOGS/py-bench.txt" 2>&1
+  while read -r l; do TABLE+=("py-bench: $l"); done < <(grep -E '^(checkpoint|verify|absent|failed|cold|summary|ratio|raw)' "$LOGS/py-bench.txt")
 fi
 
 # ---- soak into GPU memory (all backends incl. AUTO -> cuFile for O_DIRECT, and NVMe/TCP

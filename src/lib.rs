@@ -43,6 +43,8 @@
 //! - `safetensors` (feature `safetensors`): checkpoints into one host or device allocation.
 //! - [`gds`]: cuFile (GPUDirect Storage), used per file where it serves; [`Engine::synchronize`]
 //!   (feature `cuda`) awaits a CUDA stream without parking a thread.
+//! - `RawDeviceSlice` (feature `cuda`): device memory another library allocated (torch, cupy,
+//!   a C caller), known by GPU, address and length, as a destination or source on its stream.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
@@ -67,6 +69,8 @@ mod target;
 
 pub use buf::aligned::AlignedBuf;
 pub use buf::quarantine::quarantined;
+#[cfg(feature = "cuda")]
+pub use buf::raw_device::RawDeviceSlice;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{
     Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineBuilder,

@@ -12,6 +12,8 @@ pub(crate) mod arena;
 mod device;
 pub(crate) mod owned;
 pub(crate) mod quarantine;
+#[cfg(feature = "cuda")]
+pub mod raw_device;
 
 use bytes::{Bytes, BytesMut};
 
@@ -64,7 +66,8 @@ impl WriteSource<'_> {
 /// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `BytesMut` and [`AlignedBuf`](crate::AlignedBuf) (their
 /// initialized length, like a slice).
 /// Device (feature `cuda`): cudarc's `CudaSlice<T>` and `CudaViewMut<T>` for any [`Pod`]
-/// element type, viewed as bytes. Sealed.
+/// element type, viewed as bytes; memory another library allocated, as a
+/// [`RawDeviceSlice`](crate::RawDeviceSlice). Sealed.
 ///
 /// [`Pod`]: crate::cuda::Pod
 pub trait ReadDst: sealed::Sealed + Send {
@@ -77,7 +80,7 @@ pub trait ReadDst: sealed::Sealed + Send {
 ///
 /// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `Bytes`, `BytesMut`, `str`, `String`,
 /// [`AlignedBuf`](crate::AlignedBuf). Device (feature
-/// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`. Sealed.
+/// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`, `RawDeviceSlice`. Sealed.
 pub trait WriteSrc: sealed::Sealed + Sync {
     /// Where the bytes come from.
     #[doc(hidden)]

@@ -1,0 +1,57 @@
+"""``gpuio.safetensors.numpy.load_file``: ``safetensors.numpy.load_file`` through gpuio."""
+
+import os
+from typing import Dict, Optional, Union
+
+import numpy as np
+
+import gpuio
+from gpuio.safetensors import Checkpoint
+
+_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "I64": np.int64,
+    "U64": np.uint64,
+    "I32": np.int32,
+    "U32": np.uint32,
+    "I16": np.int16,
+    "U16": np.uint16,
+    "I8": np.int8,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+    "C64": np.complex64,
+}
+
+
+def _dtype(name, dtype):
+    try:
+        return np.dtype(_DTYPES[dtype]).newbyteorder("<")
+    except KeyError:
+        raise TypeError(
+            f"tensor {name!r}: safetensors dtype {dtype} has no numpy equivalent "
+            "(as in safetensors.numpy); load it with gpuio.safetensors.torch"
+        ) from None
+
+
+def _build(buf, name, dtype, shape, start, end):
+    return buf[start:end].view(_dtype(name, dtype)).reshape(shape)
+
+
+def _load(checkpoint, names):
+    for n in names if names is not None else checkpoint.keys():
+        _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
+    return checkpoint.load(names, alloc=lambda n: np.empty(n, dtype=np.uint8), build=_build)
+
+
+def load_file(
+    filename: Union[str, "os.PathLike[str]"], *, engine: Optional[gpuio.Engine] = None
+) -> Dict[str, np.ndarray]:
+    """Loads every tensor of a ``.safetensors`` file as numpy arrays:
+    ``{name: np.ndarray}``, the same dtypes, shapes and values as
+    ``safetensors.numpy.load_file``."""
+    return _load(Checkpoint(filename, engine), None)
+
+
+__all__ = ["load_file"]

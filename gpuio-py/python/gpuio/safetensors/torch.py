@@ -1,0 +1,98 @@
+"""``gpuio.safetensors.torch.load_file``: ``safetensors.torch.load_file`` through gpuio,
+straight into GPU memory for ``device="cuda:N"``."""
+
+import os
+from typing import Dict, Optional, Union
+
+import torch
+
+import gpuio
+from gpuio.safetensors import Checkpoint
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+for _name, _attr in [
+    ("F8_E4M3", "float8_e4m3fn"),
+    ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
+    ("F8_E5M2", "float8_e5m2"),
+    ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+    ("C64", "complex64"),
+    ("U64", "uint64"),
+    ("U32", "uint32"),
+    ("U16", "uint16"),
+]:
+    if hasattr(torch, _attr):
+        _DTYPES[_name] = getattr(torch, _attr)
+
+
+_SIZES = {k: torch.empty((), dtype=v).element_size() for k, v in _DTYPES.items()}
+
+
+def _dtype(name, dtype):
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise TypeError(
+            f"tensor {name!r}: safetensors dtype {dtype} has no equivalent in this torch"
+        ) from None
+
+
+def _build(buf, name, dtype, shape, start, end):
+    dt = _dtype(name, dtype)
+    raw = buf[start:end]
+    if start % _SIZES[dtype]:
+        # A view must start aligned to its element size; a file whose header length leaves
+        # this tensor misaligned gets its own (aligned) copy.
+        raw = raw.clone()
+    return raw.view(dt).reshape(shape)
+
+
+def _load(checkpoint, names, device="cpu"):
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    for n in names if names is not None else checkpoint.keys():
+        _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
+    if dev.type == "cuda":
+        with torch.cuda.device(dev):
+            stream = torch.cuda.current_stream(dev)
+            return checkpoint.load(
+                names,
+                alloc=lambda n: torch.empty(max(n, 1), dtype=torch.uint8, device=dev),
+                build=_build,
+                stream=stream,
+                # As safetensors does, return tensors that are ready on any stream.
+                sync=stream.synchronize,
+            )
+    if dev.type != "cpu":
+        raise ValueError(f"device {device!r}: gpuio loads into 'cpu' or 'cuda:N'")
+    return checkpoint.load(
+        names, alloc=lambda n: torch.empty(n, dtype=torch.uint8), build=_build
+    )
+
+
+def load_file(
+    filename: Union[str, "os.PathLike[str]"],
+    device: Union[str, int, "torch.device"] = "cpu",
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> Dict[str, "torch.Tensor"]:
+    """Loads every tensor of a ``.safetensors`` file: ``{name: torch.Tensor}`` with the same
+    dtypes, shapes and values as ``safetensors.torch.load_file``. ``device`` is ``"cpu"``
+    (default), ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device``; on a GPU the bytes go
+    from the file (or page cache) through pinned bounce buffers, or cuFile, into one device
+    allocation, and the tensors are ready when this returns."""
+    return _load(Checkpoint(filename, engine), None, device)
+
+
+__all__ = ["load_file"]

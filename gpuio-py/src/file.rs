@@ -1,0 +1,403 @@
+//! `gpuio.Engine` and `gpuio.File`: thin wrappers over the library's types. Each operation
+//! extracts its Python memory (`memory::extract`), runs the library's future (blocking with
+//! the GIL released, or on the binding's pool for the `a*` forms) and maps errors.
+
+use std::time::Duration;
+
+use gpuio::batch::{BatchPlan, ReadDesc};
+use pyo3::prelude::*;
+
+use crate::context::KeepCurrentContext;
+use crate::errors::to_py;
+use crate::memory::{Access, Memory, extract};
+use crate::runner::{block, spawn};
+
+/// A gpuio engine: one reactor thread (io_uring, or a pread pool) and its pinned bounce
+/// pool; open files with ``open``. The keyword arguments are the library's builder settings
+/// (sizes in bytes, times in seconds; unset ones are sized from the machine, as
+/// ``gpuio.check()`` shows): ``backend`` ("auto", "uring", "pread", "gds"), ``chunk_size``,
+/// ``buffered_chunk_size``, ``direct_chunk_size``, ``queue_depth``, ``iowq_workers``,
+/// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
+/// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
+/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``. Bad settings raise
+/// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
+#[pyclass(frozen, module = "gpuio._native")]
+pub struct Engine {
+    pub(crate) inner: gpuio::Engine,
+}
+
+fn seconds(s: f64, what: &str) -> PyResult<Duration> {
+    Duration::try_from_secs_f64(s)
+        .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{what}: {s} seconds: {e}")))
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (*, backend = "auto", chunk_size = None, buffered_chunk_size = None,
+        direct_chunk_size = None, queue_depth = None, iowq_workers = None,
+        bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
+        async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
+        reactor_spin = None, reactor_tick = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        backend: &str,
+        chunk_size: Option<usize>,
+        buffered_chunk_size: Option<usize>,
+        direct_chunk_size: Option<usize>,
+        queue_depth: Option<usize>,
+        iowq_workers: Option<u32>,
+        bounce_slots: Option<usize>,
+        bounce_growth: Option<usize>,
+        pool_wait_limit: Option<f64>,
+        pread_threads: Option<usize>,
+        async_copy_threshold: Option<i64>,
+        spdk_memory: bool,
+        cufile_compat: bool,
+        reactor_spin: Option<f64>,
+        reactor_tick: Option<f64>,
+    ) -> PyResult<Self> {
+        let backend: gpuio::Backend = backend
+            .parse()
+            .map_err(|e: String| crate::errors::invalid(py, e))?;
+        let mut b = gpuio::Engine::builder()
+            .backend(backend)
+            .spdk_memory(spdk_memory)
+            .cufile_compat(cufile_compat);
+        if let Some(v) = chunk_size {
+            b = b.chunk_size(v);
+        }
+        if let Some(v) = buffered_chunk_size {
+            b = b.buffered_chunk_size(v);
+        }
+        if let Some(v) = direct_chunk_size {
+            b = b.direct_chunk_size(v);
+        }
+        if let Some(v) = queue_depth {
+            b = b.queue_depth(v);
+        }
+        if let Some(v) = iowq_workers {
+            b = b.iowq_workers(v);
+        }
+        if let Some(v) = bounce_slots {
+            b = b.bounce_slots(v);
+        }
+        if let Some(v) = bounce_growth {
+            b = b.bounce_growth(v);
+        }
+        if let Some(v) = pool_wait_limit {
+            b = b.pool_wait_limit(seconds(v, "pool_wait_limit")?);
+        }
+        if let Some(v) = pread_threads {
+            b = b.pread_threads(v);
+        }
+        // -1 (the default) keeps the library's threshold; None keeps everything inline.
+        match async_copy_threshold {
+            Some(-1) => {}
+            Some(v) => {
+                let v = usize::try_from(v).map_err(|_| {
+                    crate::errors::invalid(py, format!("async_copy_threshold {v} is negative"))
+                })?;
+                b = b.async_copy_threshold(Some(v));
+            }
+            None => b = b.async_copy_threshold(None),
+        }
+        if let Some(v) = reactor_spin {
+            b = b.reactor_spin(seconds(v, "reactor_spin")?);
+        }
+        if let Some(v) = reactor_tick {
+            b = b.reactor_tick(seconds(v, "reactor_tick")?);
+        }
+        let inner = py.detach(|| b.build()).map_err(to_py)?;
+        Ok(Engine { inner })
+    }
+
+    /// Opens ``path``: read-only by default; ``write=True`` opens it for reading and
+    /// writing (``create``/``truncate`` as for ``open(2)``); ``direct=True`` bypasses the
+    /// page cache (O_DIRECT; any offset and length still work).
+    #[pyo3(signature = (path, direct = false, write = false, create = false, truncate = false))]
+    fn open(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        direct: bool,
+        write: bool,
+        create: bool,
+        truncate: bool,
+    ) -> PyResult<File> {
+        let opts = gpuio::OpenOptions::new()
+            .read(true)
+            .write(write)
+            .create(create)
+            .truncate(truncate)
+            .direct(direct);
+        let inner = py.detach(|| opts.open(&self.inner, &path)).map_err(to_py)?;
+        Ok(File { inner })
+    }
+
+    /// The backend serving this engine (``io_uring`` or ``pread``).
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.backend().name
+    }
+
+    /// Why that backend: flags, buffer registration, or the reason for a fallback.
+    #[getter]
+    fn backend_detail(&self) -> String {
+        self.inner.backend().detail.clone()
+    }
+
+    /// Largest piece one I/O moves, in bytes.
+    #[getter]
+    fn chunk_size(&self) -> usize {
+        self.inner.chunk_size()
+    }
+
+    /// Most I/Os in the kernel at once.
+    #[getter]
+    fn queue_depth(&self) -> usize {
+        self.inner.queue_depth()
+    }
+
+    /// Stops the reactor: operations in flight are cancelled and drained; later ones fail
+    /// with ``gpuio.ShutDown``. Blocks (without the GIL) until done.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let engine = self.inner.clone();
+        block(py, async move { engine.shutdown().await }).map_err(to_py)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: Option<Bound<'_, PyAny>>,
+        _v: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "gpuio.Engine(backend={:?}, chunk_size={}, queue_depth={})",
+            self.inner.backend().name,
+            self.inner.chunk_size(),
+            self.inner.queue_depth()
+        )
+    }
+}
+
+/// An open file on an engine (``Engine.open``). Sync methods release the GIL while the I/O
+/// runs; the ``a*`` methods return awaitables completing on the running asyncio loop, safe to
+/// cancel. Any offset and length work, also with ``direct=True`` (gpuio aligns).
+#[pyclass(frozen, module = "gpuio._native")]
+pub struct File {
+    pub(crate) inner: gpuio::File,
+}
+
+/// The batch `descs` (``(offset, length, dst_offset)`` tuples) describe, on `file`.
+fn batch_plan(file: &gpuio::File, descs: Vec<(u64, usize, usize)>) -> BatchPlan {
+    BatchPlan::new(
+        descs
+            .into_iter()
+            .map(|(offset, len, at)| ReadDesc::new(file, offset, len, at))
+            .collect(),
+    )
+}
+
+/// Runs `plan` into `mem`: bytes per descriptor, or the first descriptor's error.
+async fn run_batch(plan: BatchPlan, mut mem: Memory) -> gpuio::Result<Vec<usize>> {
+    let done = match &mut mem {
+        Memory::Host(h) => plan.read_into(h.bytes_mut()).await,
+        Memory::Device(d) => plan.read_into(&mut d.slice).await,
+    };
+    done.into_results().into_iter().collect()
+}
+
+async fn read(file: gpuio::File, mut mem: Memory, offset: u64) -> gpuio::Result<usize> {
+    match &mut mem {
+        Memory::Host(h) => file.read_into(h.bytes_mut(), offset).await,
+        Memory::Device(d) => file.read_into(&mut d.slice, offset).await,
+    }
+}
+
+async fn write(file: gpuio::File, mem: Memory, offset: u64) -> gpuio::Result<usize> {
+    match &mem {
+        Memory::Host(h) => file.write_from(h.bytes(), offset).await,
+        Memory::Device(d) => file.write_from(&d.slice, offset).await,
+    }
+}
+
+#[pymethods]
+impl File {
+    /// Reads ``len(dst)`` bytes (its whole size) of the file at ``offset`` into ``dst`` and
+    /// returns the bytes read: fewer only at the end of the file. Releases the GIL.
+    ///
+    /// ``dst``: host memory through the buffer protocol (numpy array, bytearray, memoryview:
+    /// writable and C-contiguous), or device memory with ``__cuda_array_interface__`` (v3) or
+    /// ``__dlpack__`` (torch and cupy tensors), or a DLPack capsule.
+    ///
+    /// Stream semantics (device memory): the copies into ``dst`` are queued on ``stream``
+    /// (an int handle, ``torch.cuda.Stream``, ``cupy.cuda.Stream``, or any object with
+    /// ``__cuda_stream__``); without one, on the object's stream: the one its
+    /// ``__cuda_array_interface__`` names (v3, e.g. cupy's current stream), for a torch
+    /// tensor torch's current stream on its device (torch's interface is v2 and names none),
+    /// else the legacy default stream. Where ``stream`` is given and differs from the
+    /// object's, ``stream`` first waits for the object's pending work. DLPack producers are
+    /// asked (``__dlpack__(stream=...)``) to order their pending work before the stream used.
+    /// The call returns once every copy is **queued**: kernels launched afterwards on that
+    /// stream see the data; synchronize the stream before looking at the memory any other
+    /// way. gpuio keeps a reference to ``dst`` until the stream has passed the copies.
+    ///
+    /// Raises ``gpuio.InvalidInput`` for a read-only or non-contiguous ``dst``,
+    /// ``gpuio.IoError`` (an ``OSError``) for I/O errors, and so on (``gpuio.Error``).
+    #[pyo3(signature = (dst, offset = 0, *, stream = None))]
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        offset: u64,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
+        block(py, read(self.inner.clone(), mem, offset)).map_err(to_py)
+    }
+
+    /// ``read_into`` as an awaitable: the read runs on gpuio's threads and the result comes
+    /// back on the asyncio loop without blocking it. Cancelling the awaiting task stops the
+    /// read; ``dst`` is not written after the cancellation has taken effect (host memory), or
+    /// only by copies already queued on the stream (device memory), and gpuio keeps ``dst``
+    /// alive until those have run. Same stream semantics as ``read_into``.
+    #[pyo3(signature = (dst, offset = 0, *, stream = None))]
+    fn aread_into<'py>(
+        &self,
+        py: Python<'py>,
+        dst: &Bound<'py, PyAny>,
+        offset: u64,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
+        let op = read(self.inner.clone(), mem, offset);
+        spawn(py, async move { op.await.map_err(to_py) })
+    }
+
+    /// Writes all of ``src`` (host or device memory, as for ``read_into``) to the file at
+    /// ``offset`` and returns ``len(src)``; a short write is an error, never reported as
+    /// success. The file must be opened with ``write=True``. Releases the GIL.
+    ///
+    /// Device memory: the copies out of ``src`` are queued on ``stream`` (or the object's
+    /// stream) after the work already queued there, so a kernel that produced ``src`` on that
+    /// stream is finished before its bytes are read.
+    #[pyo3(signature = (src, offset = 0, *, stream = None))]
+    fn write_from(
+        &self,
+        py: Python<'_>,
+        src: &Bound<'_, PyAny>,
+        offset: u64,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
+        block(py, write(self.inner.clone(), mem, offset)).map_err(to_py)
+    }
+
+    /// ``write_from`` as an awaitable. Cancelling it stops the write: some of the bytes may
+    /// have reached the file, and none is reported as written.
+    #[pyo3(signature = (src, offset = 0, *, stream = None))]
+    fn awrite_from<'py>(
+        &self,
+        py: Python<'py>,
+        src: &Bound<'py, PyAny>,
+        offset: u64,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
+        let op = write(self.inner.clone(), mem, offset);
+        spawn(py, async move { op.await.map_err(to_py) })
+    }
+
+    /// Reads many ranges of this file into one destination in one operation: ``descs`` is a
+    /// list of ``(offset, length, dst_offset)``; each range lands at ``dst_offset`` bytes into
+    /// ``dst`` (host or device memory, as for ``read_into``). Neighbouring ranges are merged
+    /// into one read. Returns the bytes read per descriptor (short only at the end of the
+    /// file) or raises the first descriptor's error (overlapping destination ranges, a range
+    /// past ``dst``'s end, an I/O error). Same stream semantics as ``read_into``.
+    #[pyo3(signature = (descs, dst, *, stream = None))]
+    fn read_batch(
+        &self,
+        py: Python<'_>,
+        descs: Vec<(u64, usize, usize)>,
+        dst: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<usize>> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
+        let plan = batch_plan(&self.inner, descs);
+        block(py, run_batch(plan, mem)).map_err(to_py)
+    }
+
+    /// ``read_batch`` as an awaitable (cancellation as for ``aread_into``).
+    #[pyo3(signature = (descs, dst, *, stream = None))]
+    fn aread_batch<'py>(
+        &self,
+        py: Python<'py>,
+        descs: Vec<(u64, usize, usize)>,
+        dst: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
+        let op = run_batch(batch_plan(&self.inner, descs), mem);
+        spawn(py, async move { op.await.map_err(to_py) })
+    }
+
+    /// Flushes data and metadata to stable storage (``fsync``).
+    fn sync_all(&self, py: Python<'_>) -> PyResult<()> {
+        let file = self.inner.clone();
+        block(py, async move { file.sync_all().await }).map_err(to_py)
+    }
+
+    /// Current size in bytes.
+    fn size(&self) -> PyResult<u64> {
+        self.inner.len().map_err(to_py)
+    }
+
+    /// The path the file was opened with.
+    #[getter]
+    fn path(&self) -> std::path::PathBuf {
+        self.inner.path().to_path_buf()
+    }
+
+    /// Whether the file was opened with O_DIRECT.
+    #[getter]
+    fn direct(&self) -> bool {
+        self.inner.is_direct()
+    }
+
+    /// What serves this file's device-memory transfers: ``"gds"``, ``"cufile-compat"`` or
+    /// ``"bounce (why)"``.
+    fn gds_status(&self, py: Python<'_>) -> String {
+        let file = self.inner.clone();
+        py.detach(move || file.gds_status().to_string())
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "gpuio.File({:?}, direct={})",
+            self.inner.path(),
+            if self.inner.is_direct() {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}

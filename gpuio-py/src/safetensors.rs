@@ -1,0 +1,163 @@
+//! `.safetensors` checkpoints through the library's loader (`gpuio::safetensors`): the header
+//! is read and checked there, and a load is the library's batch plan (tensors packed in file
+//! order, neighbours merged into one read). The Python layer (`gpuio.safetensors`) allocates
+//! the destination (a torch or numpy buffer of `LoadPlan.dst_len` bytes) and builds tensor
+//! views over it.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use gpuio::batch::BatchPlan;
+use pyo3::prelude::*;
+
+use crate::context::KeepCurrentContext;
+use crate::errors::to_py;
+use crate::file::Engine;
+use crate::memory::{Access, Memory, extract};
+use crate::runner::{block, spawn};
+
+/// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
+type TensorRow = (String, String, Vec<usize>, u64, u64);
+
+/// An open checkpoint with its parsed header.
+#[pyclass(frozen, module = "gpuio._native")]
+pub struct SafetensorsFile {
+    inner: Arc<gpuio::safetensors::SafetensorsFile>,
+}
+
+/// Opens `path` on `engine` and reads and checks its header.
+#[pyfunction]
+pub fn open_safetensors(
+    py: Python<'_>,
+    engine: &Engine,
+    path: std::path::PathBuf,
+) -> PyResult<SafetensorsFile> {
+    let engine = engine.inner.clone();
+    let inner = block(py, async move {
+        gpuio::safetensors::SafetensorsFile::open(&engine, &path).await
+    })
+    .map_err(to_py)?;
+    Ok(SafetensorsFile {
+        inner: Arc::new(inner),
+    })
+}
+
+#[pymethods]
+impl SafetensorsFile {
+    /// Every tensor in file order: ``(name, dtype, shape, file_start, file_end)``.
+    fn tensors(&self) -> Vec<TensorRow> {
+        self.inner
+            .tensors()
+            .iter()
+            .map(|t| {
+                let r = &t.file_range;
+                (
+                    t.name.clone(),
+                    format!("{:?}", t.dtype),
+                    t.shape.clone(),
+                    r.start,
+                    r.end,
+                )
+            })
+            .collect()
+    }
+
+    /// The header's ``__metadata__`` strings.
+    fn metadata(&self) -> std::collections::HashMap<String, String> {
+        self.inner.metadata().clone()
+    }
+
+    /// The load of the tensors named in ``names`` (all where ``None``).
+    #[pyo3(signature = (names = None))]
+    fn plan(&self, names: Option<Vec<String>>) -> LoadPlan {
+        let wanted: Option<HashSet<String>> = names.map(|n| n.into_iter().collect());
+        let (plan, placed) = self
+            .inner
+            .plan(|name| wanted.as_ref().is_none_or(|w| w.contains(name)));
+        let tensors = placed
+            .into_iter()
+            .map(|t| {
+                let r = t.buffer_range;
+                let dtype = format!("{:?}", t.dtype);
+                (t.name, dtype, t.shape, r.start as u64, r.end as u64)
+            })
+            .collect();
+        LoadPlan {
+            engine: self.inner.file().engine().clone(),
+            plan: Arc::new(plan),
+            tensors,
+        }
+    }
+}
+
+/// Where each selected tensor lands in one destination of ``dst_len`` bytes, and the batch
+/// that reads them there.
+#[pyclass(frozen, module = "gpuio._native")]
+pub struct LoadPlan {
+    engine: gpuio::Engine,
+    plan: Arc<BatchPlan>,
+    tensors: Vec<TensorRow>,
+}
+
+/// Runs `plan` into `mem`, every byte or an error (a truncated file is `UnexpectedEof`).
+async fn load(plan: Arc<BatchPlan>, mut mem: Memory) -> gpuio::Result<usize> {
+    let done = match &mut mem {
+        Memory::Host(h) => plan.read_into(h.bytes_mut()).await,
+        Memory::Device(d) => plan.read_into(&mut d.slice).await,
+    };
+    done.exact(plan.descs())
+}
+
+impl LoadPlan {
+    fn memory(
+        &self,
+        dst: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Memory> {
+        extract(&self.engine, dst, stream, Access::Dst)
+    }
+}
+
+#[pymethods]
+impl LoadPlan {
+    /// Bytes the destination needs.
+    #[getter]
+    fn dst_len(&self) -> usize {
+        self.plan.dst_len()
+    }
+
+    /// ``(name, dtype, shape, start, end)`` per tensor: its bytes in the destination.
+    #[getter]
+    fn tensors(&self) -> Vec<TensorRow> {
+        self.tensors.clone()
+    }
+
+    /// Reads every selected tensor into ``dst`` (at least ``dst_len`` bytes; host or device
+    /// memory, as for ``File.read_into``, with the same stream semantics) and returns the
+    /// bytes read. Releases the GIL.
+    #[pyo3(signature = (dst, *, stream = None))]
+    fn read_into(
+        &self,
+        py: Python<'_>,
+        dst: &Bound<'_, PyAny>,
+        stream: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = self.memory(dst, stream)?;
+        block(py, load(self.plan.clone(), mem)).map_err(to_py)
+    }
+
+    /// ``read_into`` as an awaitable (see ``File.aread_into``).
+    #[pyo3(signature = (dst, *, stream = None))]
+    fn aread_into<'py>(
+        &self,
+        py: Python<'py>,
+        dst: &Bound<'py, PyAny>,
+        stream: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let _keep_context = KeepCurrentContext::save();
+        let mem = self.memory(dst, stream)?;
+        let op = load(self.plan.clone(), mem);
+        spawn(py, async move { op.await.map_err(to_py) })
+    }
+}

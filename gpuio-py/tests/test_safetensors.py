@@ -1,0 +1,128 @@
+"""gpuio.safetensors against the safetensors package: files it writes, loaded by both,
+compared tensor by tensor (numpy here; torch in test_torch.py and test_gpu.py)."""
+
+import json
+import os
+import struct
+
+import numpy as np
+import pytest
+
+import gpuio
+from gpuio.safetensors import safe_open
+
+st_numpy = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+from gpuio.safetensors.numpy import load_file  # noqa: E402
+
+
+def tensors():
+    rng = np.random.default_rng(7)
+    return {
+        "embed": rng.standard_normal((257, 33)).astype(np.float32),
+        "half": rng.standard_normal((5, 7, 3)).astype(np.float16),
+        "f64": rng.standard_normal(11),
+        "i64": rng.integers(-(2**62), 2**62, size=(4, 4), dtype=np.int64),
+        "i32": rng.integers(-1000, 1000, size=100, dtype=np.int32),
+        "u16": rng.integers(0, 65535, size=(3, 3), dtype=np.uint16),
+        "i8": rng.integers(-128, 127, size=13, dtype=np.int8),
+        "u8": rng.integers(0, 255, size=1, dtype=np.uint8),
+        "mask": rng.integers(0, 2, size=(9, 2)).astype(bool),
+        "scalar": np.array(2.5, dtype=np.float32),
+        "scalar_int": np.array(-3, dtype=np.int64),
+        "empty": np.zeros((0, 8), dtype=np.float32),
+        "empty_1d": np.zeros(0, dtype=np.int16),
+        "big": rng.standard_normal(3 << 20).astype(np.float32),  # 12 MiB: several chunks
+    }
+
+
+def assert_same(got, ref):
+    assert sorted(got) == sorted(ref)
+    for name, want in ref.items():
+        have = got[name]
+        assert have.dtype == want.dtype, name
+        assert have.shape == want.shape, name
+        assert np.array_equal(have, want), name
+
+
+@pytest.fixture
+def checkpoint(tmpdir_path):
+    path = os.path.join(tmpdir_path, "model.safetensors")
+    st_numpy.save_file(tensors(), path, metadata={"format": "np", "note": "gpuio test"})
+    return path
+
+
+def test_load_file_matches_safetensors(checkpoint):
+    assert_same(load_file(checkpoint), st_numpy.load_file(checkpoint))
+
+
+def test_load_file_with_a_given_engine(checkpoint):
+    engine = gpuio.Engine(backend="pread", chunk_size=1 << 20)
+    assert_same(load_file(checkpoint, engine=engine), st_numpy.load_file(checkpoint))
+
+
+def test_safe_open_subsets_and_metadata(checkpoint):
+    ref = st_numpy.load_file(checkpoint)
+    with safe_open(checkpoint, framework="np") as f:
+        assert sorted(f.keys()) == sorted(ref)
+        assert f.metadata() == {"format": "np", "note": "gpuio test"}
+        assert np.array_equal(f.get_tensor("mask"), ref["mask"])
+        assert f.get_tensor("scalar").shape == ()
+        some = f.get_tensors(["i32", "embed", "empty"])
+        assert sorted(some) == ["embed", "empty", "i32"]
+        assert_same(some, {k: ref[k] for k in some})
+        with pytest.raises(KeyError, match="nope"):
+            f.get_tensor("nope")
+
+
+def test_single_tensor_load_reads_only_its_bytes(checkpoint):
+    # A subset's buffer holds the subset, not the file: the plan packs what was asked for.
+    ck = gpuio.safetensors.Checkpoint(checkpoint)
+    plan = ck._file.plan(["u8"])
+    assert plan.dst_len < 256 + 1
+    assert [row[0] for row in plan.tensors] == ["u8"]
+
+
+def write_raw(path, header, data):
+    blob = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob + data)
+
+
+def test_unaligned_header_still_loads(tmpdir_path):
+    # A legal file whose header length leaves the tensor at an odd offset.
+    path = os.path.join(tmpdir_path, "odd.safetensors")
+    values = np.arange(6, dtype=np.float32)
+    write_raw(path, {"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}, "x": {"dtype": "U8", "shape": [1], "data_offsets": [24, 25]}}, values.tobytes() + b"\x07")
+    got = load_file(path)
+    assert np.array_equal(got["w"], values.reshape(2, 3)) and got["x"].tolist() == [7]
+    assert_same(got, st_numpy.load_file(path))
+
+
+def test_bf16_has_no_numpy_form(tmpdir_path):
+    path = os.path.join(tmpdir_path, "bf16.safetensors")
+    write_raw(path, {"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, b"\x80\x3f\x00\x40")
+    with pytest.raises(TypeError, match="BF16"):
+        load_file(path)
+
+
+def test_corrupt_files_fail_clearly(tmpdir_path):
+    path = os.path.join(tmpdir_path, "bad.safetensors")
+    with open(path, "wb") as f:
+        f.write(b"\x05")
+    with pytest.raises(gpuio.InvalidInput, match="too short"):
+        load_file(path)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", 10) + b"not json!!")
+    with pytest.raises(gpuio.InvalidInput, match="header"):
+        load_file(path)
+    # The header promises more data than the file holds.
+    write_raw(path, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\x00" * 8)
+    with pytest.raises(gpuio.InvalidInput, match="past the"):
+        load_file(path)
+    with pytest.raises(OSError):
+        load_file(os.path.join(tmpdir_path, "missing.safetensors"))
+
+
+def test_unknown_framework_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="framework"):
+        safe_open(checkpoint, framework="tf")
