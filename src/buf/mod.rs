@@ -12,6 +12,11 @@ pub(crate) mod arena;
 mod device;
 pub(crate) mod owned;
 pub(crate) mod quarantine;
+#[cfg(feature = "cuda")]
+mod raw_device;
+
+#[cfg(feature = "cuda")]
+pub use raw_device::RawDeviceRange;
 
 use bytes::{Bytes, BytesMut};
 
@@ -64,7 +69,7 @@ impl WriteSource<'_> {
 /// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `BytesMut` and [`AlignedBuf`](crate::AlignedBuf) (their
 /// initialized length, like a slice).
 /// Device (feature `cuda`): cudarc's `CudaSlice<T>` and `CudaViewMut<T>` for any [`Pod`]
-/// element type, viewed as bytes. Sealed.
+/// element type, viewed as bytes, and [`RawDeviceRange`] (memory known by its address). Sealed.
 ///
 /// [`Pod`]: crate::cuda::Pod
 pub trait ReadDst: sealed::Sealed + Send {
@@ -77,7 +82,7 @@ pub trait ReadDst: sealed::Sealed + Send {
 ///
 /// Host: `[u8]`, `[u8; N]`, `Vec<u8>`, `Bytes`, `BytesMut`, `str`, `String`,
 /// [`AlignedBuf`](crate::AlignedBuf). Device (feature
-/// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`. Sealed.
+/// `cuda`): `CudaSlice<T>`, `CudaView<T>`, `CudaViewMut<T>`, [`RawDeviceRange`]. Sealed.
 pub trait WriteSrc: sealed::Sealed + Sync {
     /// Where the bytes come from.
     #[doc(hidden)]
