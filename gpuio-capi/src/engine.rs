@@ -1,0 +1,325 @@
+//! Engines: settings, creation and freeing, the executor that drives asynchronous requests,
+//! and the eventfd that tells an epoll loop a request finished.
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use futures::executor::{ThreadPool, ThreadPoolBuilder};
+
+use crate::registry::Registry;
+use crate::request::RequestState;
+use crate::status::{Failure, gpuio_status, guard};
+use crate::{GPUIO_BACKEND_AUTO, GPUIO_BACKEND_GDS, GPUIO_BACKEND_PREAD, GPUIO_BACKEND_URING};
+
+/// An engine: one reactor thread and its bounce pool, plus the threads that run asynchronous
+/// requests. Opaque; create with `gpuio_engine_create`, free with `gpuio_engine_free`.
+pub struct gpuio_engine {
+    _opaque: [u8; 0],
+}
+
+/// Settings for `gpuio_engine_create`. **A zeroed struct means the defaults** (the library's
+/// measured best); set only the fields you want to change. Passing NULL is the same as a
+/// zeroed struct.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gpuio_engine_settings {
+    /// Kernel interface: `GPUIO_BACKEND_AUTO` (0: io_uring, else the pread pool; cuFile per
+    /// file where it serves), `GPUIO_BACKEND_URING`, `GPUIO_BACKEND_PREAD`, `GPUIO_BACKEND_GDS`.
+    pub backend: u32,
+    /// Most I/Os in the kernel at once (0: 64).
+    pub queue_depth: u32,
+    /// Largest piece one I/O moves, a multiple of 4096 (0: 4 MiB).
+    pub chunk_size: u64,
+    /// Bounce pool size in chunk-sized blocks (0: 32).
+    pub bounce_slots: u32,
+    /// Threads of the pread pool where it serves (0: the queue depth, at most 64).
+    pub pread_threads: u32,
+    /// Threads that run asynchronous requests and their callbacks; copies from bounce memory
+    /// into host buffers run on them (0: one per CPU core).
+    pub executor_threads: u32,
+    /// How long the reactor spins after its last work, in microseconds (0: no spin).
+    pub reactor_spin_us: u32,
+    /// Buffered pieces of at least this many bytes go to io_uring's worker pool (0: 64 KiB;
+    /// `UINT64_MAX`: none, every copy inline on the reactor).
+    pub async_copy_threshold: u64,
+}
+
+/// What an engine handle holds.
+pub(crate) struct EngineHandle {
+    pub(crate) engine: gpuio::Engine,
+    /// Always `Some` until the drop, which takes it to stop the threads.
+    executor: Option<ThreadPool>,
+    /// Signalled (incremented) each time a request of this engine completes.
+    pub(crate) eventfd: OwnedFd,
+    /// Requests running, and whether the engine is being freed (then nothing new starts).
+    pub(crate) requests: Mutex<Requests>,
+    /// CUDA contexts by device index, retained on first use.
+    pub(crate) contexts: crate::memory::Contexts,
+    /// Executor threads still running, and the condvar `free` waits on for them to end.
+    workers: Arc<(Mutex<usize>, Condvar)>,
+}
+
+pub(crate) struct Requests {
+    pub(crate) closed: bool,
+    pub(crate) running: HashMap<u64, Arc<RequestState>>,
+}
+
+pub(crate) static ENGINES: Registry<EngineHandle> = Registry::new("gpuio_engine");
+
+thread_local! {
+    /// Whether this thread is one of an engine's executor threads (blocking here would stall
+    /// the requests it runs, or deadlock waiting for them).
+    static ON_EXECUTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Fails with `GPUIO_ERR_WOULD_BLOCK` on an executor thread (inside a completion callback).
+pub(crate) fn refuse_on_executor(what: &str) -> Result<(), Failure> {
+    if ON_EXECUTOR.with(|c| c.get()) {
+        return Err(Failure::new(
+            gpuio_status::GPUIO_ERR_WOULD_BLOCK,
+            format!(
+                "{what} blocks, and this thread is a gpuio executor thread (inside a completion \
+                 callback, which must not block): use gpuio_request_test or the async calls"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn on_executor() -> bool {
+    ON_EXECUTOR.with(|c| c.get())
+}
+
+fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
+    let mut b = gpuio::Engine::builder();
+    b = b.backend(match s.backend {
+        GPUIO_BACKEND_AUTO => gpuio::Backend::Auto,
+        GPUIO_BACKEND_URING => gpuio::Backend::Uring,
+        GPUIO_BACKEND_PREAD => gpuio::Backend::Pread,
+        GPUIO_BACKEND_GDS => gpuio::Backend::Gds,
+        other => {
+            return Err(Failure::invalid(format!(
+                "gpuio_engine_settings.backend {other} is not a GPUIO_BACKEND_* value"
+            )));
+        }
+    });
+    if s.queue_depth != 0 {
+        b = b.queue_depth(s.queue_depth as usize);
+    }
+    if s.chunk_size != 0 {
+        let chunk = usize::try_from(s.chunk_size)
+            .map_err(|_| Failure::invalid("gpuio_engine_settings.chunk_size is too large"))?;
+        b = b.chunk_size(chunk);
+    }
+    if s.bounce_slots != 0 {
+        b = b.bounce_slots(s.bounce_slots as usize);
+    }
+    if s.pread_threads != 0 {
+        b = b.pread_threads(s.pread_threads as usize);
+    }
+    if s.reactor_spin_us != 0 {
+        b = b.reactor_spin(Duration::from_micros(s.reactor_spin_us.into()));
+    }
+    match s.async_copy_threshold {
+        0 => {}
+        u64::MAX => b = b.async_copy_threshold(None),
+        n => b = b.async_copy_threshold(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    }
+    Ok(b)
+}
+
+/// Creates an engine with `settings` (NULL or a zeroed struct: the defaults) and stores its
+/// handle in `*out`. Fails with `GPUIO_ERR_INVALID` for an unknown backend or a bad value, and
+/// `GPUIO_ERR_UNSUPPORTED` where the backend asked for is not available.
+///
+/// # Safety
+/// `settings` is NULL or points to a readable `gpuio_engine_settings`; `out` is NULL (an
+/// error) or points to writable storage for one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_create(
+    settings: *const gpuio_engine_settings,
+    out: *mut *mut gpuio_engine,
+) -> gpuio_status {
+    guard(|| {
+        if out.is_null() {
+            return Err(Failure::invalid(
+                "gpuio_engine_create: out is a null pointer",
+            ));
+        }
+        // SAFETY: the caller passes NULL or a readable settings struct; every bit pattern of
+        // its integer fields is a valid value.
+        let settings = unsafe { settings.as_ref() }.copied().unwrap_or_default();
+        let engine = builder(&settings)?.build()?;
+        let threads = match settings.executor_threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n as usize,
+        };
+        // SAFETY: eventfd has no memory preconditions; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(Failure {
+                errno: e.raw_os_error().unwrap_or(0),
+                ..Failure::new(gpuio_status::GPUIO_ERR_IO, format!("eventfd: {e}"))
+            });
+        }
+        // SAFETY: `fd` is a new descriptor this function owns.
+        let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let workers = Arc::new((Mutex::new(threads), Condvar::new()));
+        let stopped = workers.clone();
+        let executor = ThreadPoolBuilder::new()
+            .pool_size(threads)
+            .name_prefix("gpuio-capi-")
+            .after_start(|_| ON_EXECUTOR.with(|c| c.set(true)))
+            .before_stop(move |_| {
+                let (count, cond) = &*stopped;
+                *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+                cond.notify_all();
+            })
+            .create()
+            .map_err(|e| {
+                Failure::new(gpuio_status::GPUIO_ERR_IO, format!("executor threads: {e}"))
+            })?;
+        let handle = Arc::new(EngineHandle {
+            engine,
+            executor: Some(executor),
+            eventfd,
+            requests: Mutex::new(Requests {
+                closed: false,
+                running: HashMap::new(),
+            }),
+            contexts: Default::default(),
+            workers,
+        });
+        let token = ENGINES.insert(handle);
+        // SAFETY: `out` was checked non-null and the caller made it writable.
+        unsafe { *out = std::ptr::without_provenance_mut(token as usize) };
+        Ok(())
+    })
+}
+
+/// Frees an engine. **Requests still running are cancelled**: each completes with
+/// `GPUIO_ERR_CANCELED` (its callback runs, its eventfd signal is sent) and, by the time this
+/// returns, none of them touches its buffer again (for device memory: no copy is queued after
+/// this returns; copies already queued run in stream order). Request handles stay valid until
+/// `gpuio_request_free`. Then the reactor and the executor threads stop. Files opened on the
+/// engine fail every later call with `GPUIO_ERR_SHUTDOWN`; close them to free their memory.
+/// Refused (`GPUIO_ERR_WOULD_BLOCK`) inside a completion callback.
+///
+/// # Safety
+/// None beyond the C contract: any pointer value is accepted.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_free(engine: *mut gpuio_engine) -> gpuio_status {
+    guard(|| {
+        refuse_on_executor("gpuio_engine_free")?;
+        let handle = ENGINES.remove(engine)?;
+        handle.close();
+        Ok(())
+    })
+}
+
+impl EngineHandle {
+    /// Cancels the running requests, waits until they are done, stops the executor and the
+    /// reactor.
+    fn close(&self) {
+        let running: Vec<Arc<RequestState>> = {
+            let mut r = self.requests.lock().unwrap_or_else(|p| p.into_inner());
+            r.closed = true;
+            r.running.drain().map(|(_, s)| s).collect()
+        };
+        for request in &running {
+            request.cancel();
+        }
+        for request in &running {
+            request.wait_finished();
+        }
+        // The pool's threads stop once the pool and the tasks holding it are gone; every task
+        // has finished, so dropping this handle's clone would end them. Shut the reactor down
+        // first (files still hold the engine).
+        let _ = futures::executor::block_on(self.engine.shutdown());
+    }
+
+    /// Runs `task` on the executor threads.
+    pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if let Some(pool) = &self.executor {
+            pool.spawn_ok(task);
+        }
+    }
+
+    /// Counts one completion on the eventfd.
+    pub(crate) fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live local to a descriptor this handle owns. The only
+        // failure is EAGAIN at a counter of 2^64-2, which still leaves the fd readable.
+        let _ = unsafe {
+            libc::write(
+                self.eventfd.as_raw_fd(),
+                (&raw const one).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        // Dropping the pool sends its threads their stop message (once the tasks, which hold
+        // clones of it, are gone); wait (briefly) for them so that nothing gpuio started
+        // outlives the engine. Not on an executor thread, which would wait for itself; and a
+        // callback that blocks despite the contract could hold a thread: after the limit it
+        // is left to finish on its own.
+        drop(self.executor.take());
+        if on_executor() {
+            return;
+        }
+        let (count, cond) = &*self.workers;
+        let left = count.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = cond.wait_timeout_while(left, Duration::from_secs(2), |n| *n > 0);
+    }
+}
+
+/// The engine's eventfd: readable once any of its requests has completed since the count was
+/// last read (read 8 bytes to reset it, then `gpuio_request_test` your requests). The engine
+/// owns the descriptor: do not close it; it is closed by `gpuio_engine_free`. Returns -1 (with
+/// the last error set) for a bad handle.
+///
+/// # Safety
+/// None beyond the C contract: any pointer value is accepted.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_eventfd(engine: *const gpuio_engine) -> i32 {
+    let mut fd = -1;
+    guard(|| {
+        fd = ENGINES.get(engine)?.eventfd.as_raw_fd();
+        Ok(())
+    });
+    fd
+}
+
+/// Writes which backend serves the engine and why (for example `io_uring: ...`) into `buf`
+/// (NUL-terminated, at most `len` bytes). `*needed` (if not NULL) gets the bytes the full text
+/// needs, NUL included; a `len` below that is `GPUIO_ERR_RANGE` with as much as fits written.
+///
+/// # Safety
+/// `buf` points to `len` writable bytes (or is NULL with `len` 0); `needed` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_backend(
+    engine: *const gpuio_engine,
+    buf: *mut libc::c_char,
+    len: usize,
+    needed: *mut usize,
+) -> gpuio_status {
+    guard(|| {
+        let handle = ENGINES.get(engine)?;
+        let info = handle.engine.backend();
+        let text = if info.detail.is_empty() {
+            info.name.to_string()
+        } else {
+            format!("{}: {}", info.name, info.detail)
+        };
+        // SAFETY: forwarded from this function's contract.
+        unsafe { crate::text::copy_out(&text, buf, len, needed) }
+    })
+}
