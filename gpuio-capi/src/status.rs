@@ -42,10 +42,8 @@ pub enum gpuio_status {
     /// The call would block inside a completion callback (which runs on an engine's
     /// executor thread and must not block): waiting, synchronous I/O, freeing an engine.
     GPUIO_ERR_WOULD_BLOCK = 13,
-    /// A read that needed every byte reached the end of the file first.
-    GPUIO_ERR_EOF = 14,
     /// A bug in gpuio, caught at the C boundary instead of aborting the process.
-    GPUIO_ERR_INTERNAL = 15,
+    GPUIO_ERR_INTERNAL = 14,
 }
 
 use gpuio_status::*;
@@ -91,7 +89,6 @@ impl From<gpuio::Error> for Failure {
         let status = match &e {
             gpuio::Error::Io { .. } => GPUIO_ERR_IO,
             gpuio::Error::InvalidInput { .. } => GPUIO_ERR_INVALID,
-            gpuio::Error::UnexpectedEof { .. } => GPUIO_ERR_EOF,
             gpuio::Error::Unsupported { .. } => GPUIO_ERR_UNSUPPORTED,
             gpuio::Error::Shutdown { .. } => GPUIO_ERR_SHUTDOWN,
             gpuio::Error::Cuda { .. } => GPUIO_ERR_CUDA,
@@ -174,7 +171,7 @@ pub extern "C" fn gpuio_last_errno() -> i32 {
 #[unsafe(no_mangle)]
 pub extern "C" fn gpuio_status_name(status: i32) -> *const libc::c_char {
     // The value comes from C as a plain int: any int is accepted, so no enum is formed from it.
-    const NAMES: [&std::ffi::CStr; 16] = [
+    const NAMES: [&std::ffi::CStr; 15] = [
         c"GPUIO_OK",
         c"GPUIO_ERR_INVALID",
         c"GPUIO_ERR_BAD_HANDLE",
@@ -189,7 +186,6 @@ pub extern "C" fn gpuio_status_name(status: i32) -> *const libc::c_char {
         c"GPUIO_ERR_CANCELED",
         c"GPUIO_ERR_RANGE",
         c"GPUIO_ERR_WOULD_BLOCK",
-        c"GPUIO_ERR_EOF",
         c"GPUIO_ERR_INTERNAL",
     ];
     usize::try_from(status)
