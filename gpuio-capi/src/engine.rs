@@ -214,16 +214,19 @@ pub unsafe extern "C" fn gpuio_engine_create(
 pub unsafe extern "C" fn gpuio_engine_free(engine: *mut gpuio_engine) -> gpuio_status {
     guard(|| {
         refuse_on_executor("gpuio_engine_free")?;
-        let handle = ENGINES.remove(engine)?;
-        handle.close();
+        let handle = ENGINES.get(engine)?;
+        // Nothing new starts and everything running is cancelled before the handle goes, so
+        // that whoever sees it gone knows no request of it will be polled again.
+        let running = handle.cancel_all();
+        ENGINES.remove(engine)?;
+        handle.close(running);
         Ok(())
     })
 }
 
 impl EngineHandle {
-    /// Cancels the running requests, waits until they are done, stops the executor and the
-    /// reactor.
-    fn close(&self) {
+    /// Refuses new requests and cancels the running ones; returns them.
+    fn cancel_all(&self) -> Vec<Arc<RequestState>> {
         let running: Vec<Arc<RequestState>> = {
             let mut r = self.requests.lock().unwrap_or_else(|p| p.into_inner());
             r.closed = true;
@@ -232,6 +235,12 @@ impl EngineHandle {
         for request in &running {
             request.cancel();
         }
+        running
+    }
+
+    /// Waits until the cancelled requests are done (callbacks returned), then stops the
+    /// reactor.
+    fn close(&self, running: Vec<Arc<RequestState>>) {
         for request in &running {
             request.wait_finished();
         }

@@ -43,7 +43,9 @@ pub(crate) static REQUESTS: Registry<RequestState> = Registry::new("gpuio_reques
 pub(crate) struct RequestState {
     progress: Mutex<Progress>,
     changed: Condvar,
-    abort: AbortHandle,
+    /// Taken when the operation ends: its waker holds the executor pool, whose threads stop
+    /// only once no waker of theirs is left.
+    abort: Mutex<Option<AbortHandle>>,
     /// Freed by the caller: no callback, no eventfd signal.
     detached: AtomicBool,
 }
@@ -69,7 +71,7 @@ impl RequestState {
                 finished: false,
             }),
             changed: Condvar::new(),
-            abort,
+            abort: Mutex::new(Some(abort)),
             detached: AtomicBool::new(false),
         }
     }
@@ -80,7 +82,9 @@ impl RequestState {
 
     /// Stops the operation at its next poll (its future is then dropped).
     pub(crate) fn cancel(&self) {
-        self.abort.abort();
+        if let Some(a) = &*self.abort.lock().unwrap_or_else(|p| p.into_inner()) {
+            a.abort();
+        }
     }
 
     /// Waits until the callback (if any) has returned.
@@ -169,6 +173,7 @@ pub(crate) fn submit(
             Ok(n) => (gpuio_status::GPUIO_OK, *n as u64),
             Err(f) => (f.status, 0),
         };
+        drop(state.abort.lock().unwrap_or_else(|p| p.into_inner()).take());
         state.lock().result = Some(result);
         state.changed.notify_all();
         if !state.detached.load(Ordering::SeqCst) {
@@ -338,10 +343,14 @@ pub unsafe extern "C" fn gpuio_request_free(request: *mut gpuio_request) -> gpui
         if !done {
             crate::engine::refuse_on_executor("gpuio_request_free of a running request")?;
         }
-        let state = REQUESTS.remove(request)?;
+        // Detach and cancel before the handle goes, so that whoever sees it gone knows the
+        // operation will not be polled again.
         state.detached.store(true, Ordering::SeqCst);
         if !done {
             state.cancel();
+        }
+        REQUESTS.remove(request)?;
+        if !done {
             let _ = state.wait_result(None);
         }
         Ok(())
