@@ -3,11 +3,10 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::executor::{ThreadPool, ThreadPoolBuilder};
-
+use crate::executor::{Executor, on_executor};
 use crate::registry::Registry;
 use crate::request::RequestState;
 use crate::status::{Failure, gpuio_status, guard};
@@ -49,16 +48,13 @@ pub struct gpuio_engine_settings {
 /// What an engine handle holds.
 pub(crate) struct EngineHandle {
     pub(crate) engine: gpuio::Engine,
-    /// Always `Some` until the drop, which takes it to stop the threads.
-    executor: Option<ThreadPool>,
+    executor: Executor,
     /// Signalled (incremented) each time a request of this engine completes.
     pub(crate) eventfd: OwnedFd,
     /// Requests running, and whether the engine is being freed (then nothing new starts).
     pub(crate) requests: Mutex<Requests>,
     /// CUDA contexts by device index, retained on first use.
     pub(crate) contexts: crate::memory::Contexts,
-    /// Executor threads still running, and the condvar `free` waits on for them to end.
-    workers: Arc<(Mutex<usize>, Condvar)>,
 }
 
 pub(crate) struct Requests {
@@ -68,15 +64,9 @@ pub(crate) struct Requests {
 
 pub(crate) static ENGINES: Registry<EngineHandle> = Registry::new("gpuio_engine");
 
-thread_local! {
-    /// Whether this thread is one of an engine's executor threads (blocking here would stall
-    /// the requests it runs, or deadlock waiting for them).
-    static ON_EXECUTOR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Fails with `GPUIO_ERR_WOULD_BLOCK` on an executor thread (inside a completion callback).
 pub(crate) fn refuse_on_executor(what: &str) -> Result<(), Failure> {
-    if ON_EXECUTOR.with(|c| c.get()) {
+    if on_executor() {
         return Err(Failure::new(
             gpuio_status::GPUIO_ERR_WOULD_BLOCK,
             format!(
@@ -86,10 +76,6 @@ pub(crate) fn refuse_on_executor(what: &str) -> Result<(), Failure> {
         ));
     }
     Ok(())
-}
-
-pub(crate) fn on_executor() -> bool {
-    ON_EXECUTOR.with(|c| c.get())
 }
 
 fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
@@ -167,31 +153,18 @@ pub unsafe extern "C" fn gpuio_engine_create(
         }
         // SAFETY: `fd` is a new descriptor this function owns.
         let eventfd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let workers = Arc::new((Mutex::new(threads), Condvar::new()));
-        let stopped = workers.clone();
-        let executor = ThreadPoolBuilder::new()
-            .pool_size(threads)
-            .name_prefix("gpuio-capi-")
-            .after_start(|_| ON_EXECUTOR.with(|c| c.set(true)))
-            .before_stop(move |_| {
-                let (count, cond) = &*stopped;
-                *count.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
-                cond.notify_all();
-            })
-            .create()
-            .map_err(|e| {
-                Failure::new(gpuio_status::GPUIO_ERR_IO, format!("executor threads: {e}"))
-            })?;
+        let executor = Executor::new(threads).map_err(|e| {
+            Failure::new(gpuio_status::GPUIO_ERR_IO, format!("executor threads: {e}"))
+        })?;
         let handle = Arc::new(EngineHandle {
             engine,
-            executor: Some(executor),
+            executor,
             eventfd,
             requests: Mutex::new(Requests {
                 closed: false,
                 running: HashMap::new(),
             }),
             contexts: Default::default(),
-            workers,
         });
         let token = ENGINES.insert(handle);
         // SAFETY: `out` was checked non-null and the caller made it writable.
@@ -244,17 +217,14 @@ impl EngineHandle {
         for request in &running {
             request.wait_finished();
         }
-        // The pool's threads stop once the pool and the tasks holding it are gone; every task
-        // has finished, so dropping this handle's clone would end them. Shut the reactor down
-        // first (files still hold the engine).
+        // Files still hold the library's engine: shut its reactor down now. The executor
+        // threads stop (and are joined) when the last reference to this handle goes.
         let _ = futures::executor::block_on(self.engine.shutdown());
     }
 
     /// Runs `task` on the executor threads.
     pub(crate) fn spawn(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        if let Some(pool) = &self.executor {
-            pool.spawn_ok(task);
-        }
+        self.executor.spawn(task);
     }
 
     /// Counts one completion on the eventfd.
@@ -269,23 +239,6 @@ impl EngineHandle {
                 std::mem::size_of::<u64>(),
             )
         };
-    }
-}
-
-impl Drop for EngineHandle {
-    fn drop(&mut self) {
-        // Dropping the pool sends its threads their stop message (once the tasks, which hold
-        // clones of it, are gone); wait (briefly) for them so that nothing gpuio started
-        // outlives the engine. Not on an executor thread, which would wait for itself; and a
-        // callback that blocks despite the contract could hold a thread: after the limit it
-        // is left to finish on its own.
-        drop(self.executor.take());
-        if on_executor() {
-            return;
-        }
-        let (count, cond) = &*self.workers;
-        let left = count.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = cond.wait_timeout_while(left, Duration::from_secs(2), |n| *n > 0);
     }
 }
 

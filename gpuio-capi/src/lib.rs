@@ -30,6 +30,7 @@
 
 pub mod batch;
 pub mod engine;
+mod executor;
 pub mod file;
 pub mod memory;
 mod registry;

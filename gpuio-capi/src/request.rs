@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use futures::FutureExt;
 use futures::future::{AbortHandle, Abortable};
 
-use crate::engine::{EngineHandle, on_executor};
+use crate::engine::EngineHandle;
+use crate::executor::on_executor;
 use crate::file::{FILES, store};
 use crate::registry::Registry;
 use crate::status::{Failure, gpuio_status, guard, panic_message};
@@ -43,8 +44,7 @@ pub(crate) static REQUESTS: Registry<RequestState> = Registry::new("gpuio_reques
 pub(crate) struct RequestState {
     progress: Mutex<Progress>,
     changed: Condvar,
-    /// Taken when the operation ends: its waker holds the executor pool, whose threads stop
-    /// only once no waker of theirs is left.
+    /// Taken when the operation ends (nothing is left to cancel).
     abort: Mutex<Option<AbortHandle>>,
     /// Freed by the caller: no callback, no eventfd signal.
     detached: AtomicBool,

@@ -31,7 +31,15 @@ pub fn compile(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
     let lib = lib_dir();
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let output = Command::new(&cc)
-        .args(["-std=c11", "-D_GNU_SOURCE", "-Wall", "-Wextra", "-Werror", "-g", "-O1"])
+        .args([
+            "-std=c11",
+            "-D_GNU_SOURCE",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-g",
+            "-O1",
+        ])
         .args(extra)
         .arg("-I")
         .arg(crate_dir().join("include"))
@@ -147,7 +155,11 @@ fn every_error_path_has_a_status_and_a_message() {
 fn pending_requests_time_out_cancel_and_free() {
     c_test(
         "pending",
-        &["ok pending", "ok request_free cancels", "ok engine_free cancels"],
+        &[
+            "ok pending",
+            "ok request_free cancels",
+            "ok engine_free cancels",
+        ],
     );
 }
 
@@ -171,8 +183,14 @@ fn device_memory_or_a_loud_skip() {
 /// checked through what it hands back).
 #[test]
 fn all_c_tests_under_address_sanitizer() {
-    for name in ["sync", "async", "batch", "errors", "pending", "threads", "device"] {
-        let exe = compile(name, "-asan", &["-fsanitize=address", "-fno-omit-frame-pointer"]);
+    for name in [
+        "sync", "async", "batch", "errors", "pending", "threads", "device",
+    ] {
+        let exe = compile(
+            name,
+            "-asan",
+            &["-fsanitize=address", "-fno-omit-frame-pointer"],
+        );
         let out = run(&exe, &[("ASAN_OPTIONS", "detect_leaks=1:abort_on_error=0")]);
         if out.lines().any(|l| l.starts_with("SKIPPED")) {
             continue;
