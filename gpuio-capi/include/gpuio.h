@@ -98,10 +98,8 @@ typedef enum gpuio_status {
   // The call would block inside a completion callback (which runs on an engine's
   // executor thread and must not block): waiting, synchronous I/O, freeing an engine.
   GPUIO_ERR_WOULD_BLOCK = 13,
-  // A read that needed every byte reached the end of the file first.
-  GPUIO_ERR_EOF = 14,
   // A bug in gpuio, caught at the C boundary instead of aborting the process.
-  GPUIO_ERR_INTERNAL = 15,
+  GPUIO_ERR_INTERNAL = 14,
 } gpuio_status;
 
 // An engine: one reactor thread and its bounce pool, plus the threads that run asynchronous

@@ -198,6 +198,14 @@ pub unsafe extern "C" fn gpuio_engine_free(engine: *mut gpuio_engine) -> gpuio_s
 }
 
 impl EngineHandle {
+    /// Whether `gpuio_engine_free` has begun on this engine.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .closed
+    }
+
     /// Refuses new requests and cancels the running ones; returns them.
     fn cancel_all(&self) -> Vec<Arc<RequestState>> {
         let running: Vec<Arc<RequestState>> = {

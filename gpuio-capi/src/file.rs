@@ -25,15 +25,20 @@ pub(crate) struct FileHandle {
 impl FileHandle {
     /// The engine handle, or `GPUIO_ERR_SHUTDOWN` once it was freed.
     pub(crate) fn engine(&self) -> Result<Arc<EngineHandle>, Failure> {
-        self.engine.upgrade().ok_or_else(|| {
-            Failure::new(
-                gpuio_status::GPUIO_ERR_SHUTDOWN,
-                format!(
-                    "{}: the engine this file was opened on has been freed",
-                    self.file.path().display()
-                ),
-            )
-        })
+        // A task finishing on the executor may hold the handle a moment after the free: the
+        // closed flag says it is being freed either way.
+        self.engine
+            .upgrade()
+            .filter(|e| !e.is_closed())
+            .ok_or_else(|| {
+                Failure::new(
+                    gpuio_status::GPUIO_ERR_SHUTDOWN,
+                    format!(
+                        "{}: the engine this file was opened on has been freed",
+                        self.file.path().display()
+                    ),
+                )
+            })
     }
 }
 
