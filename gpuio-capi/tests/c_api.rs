@@ -25,14 +25,27 @@ fn crate_dir() -> &'static Path {
 
 /// Compiles tests/c/`name`.c (with `extra` flags) into the test's scratch directory.
 pub fn compile(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
+    let src = crate_dir().join(format!("tests/c/{name}.c"));
+    build(&src, &format!("{name}{variant}"), extra)
+}
+
+/// Compiles one C (`.c`, with `$CC` or `cc`) or C++ (`.cpp`, with `$CXX` or `c++`) source
+/// against the header and the library into the scratch directory as `out`.
+fn build(src: &Path, out: &str, extra: &[&str]) -> PathBuf {
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c-api");
     std::fs::create_dir_all(&out_dir).expect("scratch directory");
-    let exe = out_dir.join(format!("{name}{variant}"));
+    let exe = out_dir.join(out);
     let lib = lib_dir();
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let cpp = src.extension().is_some_and(|e| e == "cpp");
+    let (var, default, std) = if cpp {
+        ("CXX", "c++", "-std=c++17")
+    } else {
+        ("CC", "cc", "-std=c11")
+    };
+    let cc = std::env::var(var).unwrap_or_else(|_| default.into());
     let output = Command::new(&cc)
         .args([
-            "-std=c11",
+            std,
             "-D_GNU_SOURCE",
             "-Wall",
             "-Wextra",
@@ -47,7 +60,7 @@ pub fn compile(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
         .arg(crate_dir().join("tests/c"))
         .arg("-I")
         .arg(crate_dir().join("../examples/c"))
-        .arg(crate_dir().join(format!("tests/c/{name}.c")))
+        .arg(src)
         .arg("-o")
         .arg(&exe)
         .arg(format!("-L{}", lib.display()))
@@ -57,7 +70,8 @@ pub fn compile(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
         .unwrap_or_else(|e| panic!("running {cc}: {e}"));
     assert!(
         output.status.success(),
-        "compiling tests/c/{name}.c failed:\n{}",
+        "compiling {} failed:\n{}",
+        src.display(),
         String::from_utf8_lossy(&output.stderr)
     );
     exe
@@ -66,8 +80,13 @@ pub fn compile(name: &str, variant: &str, extra: &[&str]) -> PathBuf {
 /// Runs a compiled test program on a fresh directory; returns its standard output.
 fn run(exe: &Path, env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().expect("temporary directory");
+    run_with(exe, &[dir.path().as_os_str()], env)
+}
+
+/// Runs `exe` with `args`; fails unless it exits 0; returns its standard output.
+fn run_with(exe: &Path, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> String {
     let output = Command::new(exe)
-        .arg(dir.path())
+        .args(args)
         .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
@@ -200,4 +219,105 @@ fn all_c_tests_under_address_sanitizer() {
             "{name} under ASan did not pass"
         );
     }
+}
+
+/// A file of `len` bytes of a fixed pseudo-random pattern.
+fn data_file(dir: &Path, len: usize) -> PathBuf {
+    let path = dir.join("data.bin");
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let bytes: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&path, bytes).expect("test data written");
+    path
+}
+
+/// FNV-1a, 64 bits: what the examples print.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+/// examples/c/read_file.c prints the checksum of the file's bytes (computed here too), and
+/// on a machine without CUDA says why it skipped device memory.
+#[test]
+fn example_read_file_prints_the_checksum() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = data_file(dir.path(), (5 << 20) + 777);
+    let want = format!("{:016x}", fnv1a(&std::fs::read(&path).expect("data")));
+    let exe = build(
+        &crate_dir().join("../examples/c/read_file.c"),
+        "read_file",
+        &[],
+    );
+    let out = run_with(&exe, &[path.as_os_str()], &[]);
+    let host = out
+        .lines()
+        .find(|l| l.starts_with("host:"))
+        .expect("a host line");
+    assert!(host.contains(&want), "host checksum: {host} (want {want})");
+    let device = out
+        .lines()
+        .find(|l| l.starts_with("device:"))
+        .expect("a device line");
+    assert!(
+        device.contains("skipped (") || (device.contains(&want) && device.ends_with("match")),
+        "device line: {device}"
+    );
+}
+
+/// examples/c/gpuio.hpp through examples/c/raii.cpp: both checksums equal the file's, and a
+/// failure arrives as an exception with gpuio's message.
+#[test]
+fn example_cpp_wrapper() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = data_file(dir.path(), (3 << 20) + 5);
+    let want = format!("{:016x}", fnv1a(&std::fs::read(&path).expect("data")));
+    let exe = build(&crate_dir().join("../examples/c/raii.cpp"), "raii", &[]);
+    let out = run_with(&exe, &[path.as_os_str()], &[]);
+    for prefix in ["sync:", "async:"] {
+        let line = out.lines().find(|l| l.starts_with(prefix)).expect("a line");
+        assert!(line.contains(&want), "{line} (want {want})");
+    }
+    assert!(out.contains("error: gpuio_open") && out.contains("No such file"));
+}
+
+/// examples/c/throughput.c runs and reports a rate for the bytes it read.
+#[test]
+fn example_throughput_reports_a_rate() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = data_file(dir.path(), 16 << 20);
+    let exe = build(
+        &crate_dir().join("../examples/c/throughput.c"),
+        "throughput",
+        &[],
+    );
+    let args: Vec<&std::ffi::OsStr> = vec![
+        path.as_os_str(),
+        "--bs".as_ref(),
+        "262144".as_ref(),
+        "--qd".as_ref(),
+        "8".as_ref(),
+        "--seconds".as_ref(),
+        "0.3".as_ref(),
+    ];
+    let out = run_with(&exe, &args, &[]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("c-async:"))
+        .expect("a result line");
+    let bytes: u64 = line
+        .split(": ")
+        .nth(2)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no byte count in {line}"));
+    assert!(bytes >= 262144 && bytes % 262144 == 0, "{line}");
+    assert!(line.ends_with("GB/s"), "{line}");
 }
