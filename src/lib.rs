@@ -49,6 +49,7 @@
 
 pub mod batch;
 pub mod buf;
+pub mod check;
 pub mod cuda;
 mod engine;
 mod error;

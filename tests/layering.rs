@@ -25,6 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["file"],
     &["batch"],
     &["safetensors"],
+    &["check"],
 ];
 
 fn layer_of(unit: &str) -> Option<usize> {

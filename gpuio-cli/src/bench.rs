@@ -307,11 +307,22 @@ async fn measure(
     cuda: Option<&Arc<gpuio::cuda::cudarc::driver::CudaContext>>,
 ) -> Result<PointOutput, Box<dyn std::error::Error + Send + Sync>> {
     let Point { backend, bs, qd } = point;
-    let chunk = a
-        .chunk
-        .map(|c| c.0)
-        // The engine's largest chunk is 1 GiB; larger blocks take several chunks.
-        .unwrap_or((4u64 << 20).max(bs.next_multiple_of(4096)).min(1 << 30));
+    // The engine's own defaults (sized from the machine), as a user gets them; the bench only
+    // raises the depth and the pool where its own concurrency needs more, and --chunk and
+    // --iowq-workers override.
+    let mut builder = Engine::builder();
+    if let Some(c) = a.chunk {
+        builder = builder.chunk_size(c.0 as usize);
+    }
+    if let Some(w) = a.iowq_workers {
+        builder = builder.iowq_workers(w);
+    }
+    let base = builder.sizing();
+    let chunk = if a.direct || backend == BenchBackend::Spdk {
+        base.direct_chunk
+    } else {
+        base.buffered_chunk
+    } as u64;
     let pieces_per_req = bs.div_ceil(chunk).max(1) as usize;
     // Blocks in flight: a batch counts as its blocks.
     let blocks = qd
@@ -322,20 +333,21 @@ async fn measure(
         };
     // Saturating: both are clamped below, and huge products (device buffers are not bounded
     // by host memory) must not overflow on the way.
-    let qd_engine = blocks.saturating_mul(pieces_per_req).clamp(1, 4096);
+    let qd_engine = blocks
+        .saturating_mul(pieces_per_req)
+        .clamp(base.queue_depth, 4096);
     // Room for every request in flight plus as much again awaiting copy-out.
     let pool = (2 * blocks as u64)
         .saturating_mul(bs.max(4096))
-        .max(128 << 20);
-    let slots = pool.div_ceil(chunk.next_power_of_two()).clamp(4, 65535) as usize;
-    let engine = Engine::builder()
+        .max(base.bounce_bytes as u64);
+    let slots = pool.div_ceil(base.block() as u64).clamp(4, 65535) as usize;
+    let engine = builder
         .backend(match backend {
             BenchBackend::Engine(b) => b,
             BenchBackend::Spdk => Backend::Auto,
         })
         // SPDK reads land in SPDK DMA memory, as they must for local PCIe drives.
         .spdk_memory(backend == BenchBackend::Spdk)
-        .chunk_size(chunk as usize)
         .queue_depth(qd_engine)
         .bounce_slots(slots)
         .async_copy_threshold(if a.inline_copies {

@@ -119,8 +119,11 @@ impl UringLane {
     /// The memory behind `iovecs` must stay mapped for the life of the driver (the bounce arena
     /// is kept alive by the reactor, which drops the driver first).
     /// `ext_arg_allowed: false` forces the timeout-SQE path (tests of old kernels).
+    /// `iowq_workers` caps the ring's bounded io-wq workers (the ones that copy buffered file
+    /// pieces sent with `IOSQE_ASYNC`); `None` keeps the kernel's limit.
     pub(crate) unsafe fn new(
         depth: u32,
+        iowq_workers: Option<u32>,
         iovecs: &[libc::iovec],
         doorbell_fd: i32,
         ext_arg_allowed: bool,
@@ -135,6 +138,18 @@ impl UringLane {
             } else {
                 "IORING_ENTER_EXT_ARG turned off: timed waits use a timeout SQE".to_string()
             });
+        }
+        if let Some(n) = iowq_workers {
+            // [bounded, unbounded]; 0 leaves a class as it is. Linux 5.15+: older kernels
+            // refuse it, and the kernel's limit (four per CPU) stays.
+            let mut max = [n, 0];
+            if let Err(e) = ring.submitter().register_iowq_max_workers(&mut max) {
+                refused.push(format!(
+                    "io-wq worker limit {n} refused ({e}): the kernel's stays"
+                ));
+            } else {
+                refused.push(format!("io-wq workers at most {n}"));
+            }
         }
         let fixed_ok = check_opcodes(&ring)?;
         let (fixed_buffers, fixed_note) = if !fixed_ok {

@@ -16,6 +16,7 @@
 //! and overlap pages concurrently should align their own writes to pages.
 
 pub mod align;
+pub mod sizing;
 
 /// Which descriptor of a file a piece goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

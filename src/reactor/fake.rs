@@ -136,7 +136,8 @@ mod tests {
         let handle = Arc::new(ReactorHandle::new(tx, doorbell, arena.clone()));
         let lane = Arc::new(Mutex::new(FakeState::default()));
         let cfg = ReactorConfig {
-            chunk_size: chunk,
+            buffered_chunk: chunk,
+            direct_chunk: chunk,
             queue_depth: qd,
             punt_min: None,
             spin: Duration::ZERO,

@@ -108,7 +108,10 @@ struct InflightIo {
 
 /// Engine-level settings the reactor needs.
 pub(crate) struct ReactorConfig {
-    pub(crate) chunk_size: usize,
+    /// Largest piece of a buffered (page-cache) read or write.
+    pub(crate) buffered_chunk: usize,
+    /// Largest piece of an O_DIRECT, cuFile or NVMe transfer.
+    pub(crate) direct_chunk: usize,
     pub(crate) queue_depth: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,

@@ -271,12 +271,15 @@ impl Reactor {
                 return;
             }
         };
+        // Page-cache copies and disk (or DMA) transfers want different piece sizes
+        // (`plan::sizing`).
         let chunk = match &file.nvme {
             Some(ns) => {
                 backend = "spdk";
-                ns.chunk(self.cfg.chunk_size)
+                ns.chunk(self.cfg.direct_chunk)
             }
-            None => self.cfg.chunk_size,
+            None if gds || file.dio.is_some() => self.cfg.direct_chunk,
+            None => self.cfg.buffered_chunk,
         };
         let plan = match kind {
             OpKind::Read => ReadPlan::new(offset, len, align, chunk).map(Plan::Read),

@@ -133,10 +133,14 @@ pub struct BenchArgs {
     /// (`trtype:TCP adrfam:IPv4 traddr:127.0.0.1 trsvcid:4420 subnqn:...`).
     #[arg(long = "target", value_name = "TRID")]
     pub(crate) nvme: Option<String>,
-    /// Engine chunk size, a multiple of 4K up to 1G (default: 4M, or --bs if larger, at most
-    /// 1G).
+    /// Engine chunk size for every path, a multiple of 4K up to 1G (default: the engine's,
+    /// sized from the machine: `gpuio check` prints it).
     #[arg(long, value_parser = validate::chunk_size)]
     pub(crate) chunk: Option<ByteSize>,
+    /// Most io_uring workers copying buffered pieces at once (default: the engine's, two per
+    /// core; 0: the kernel's limit).
+    #[arg(long, value_name = "N")]
+    pub(crate) iowq_workers: Option<u32>,
     /// Seconds to run each point (at most a year).
     #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
     pub(crate) seconds: f64,

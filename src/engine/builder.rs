@@ -1,90 +1,34 @@
-//! [`Engine`]: a handle to one reactor thread and its bounce pool.
+//! [`EngineBuilder`]: an engine's settings, sized from the machine unless set, and the start
+//! of its reactor.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::sync::mpsc::{channel, sync_channel};
 
+use super::{
+    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner,
+};
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
 use crate::lane::pread::PreadLane;
 use crate::lane::uring::UringLane;
-use crate::op::future::{NoTransfer, OpFuture};
-use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
+use crate::op::msg::{Msg, ReactorHandle};
+use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
-
-/// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
-pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
-
-/// How long a request waits for bounce memory that nothing in flight can give back before the
-/// pool grows or the request fails (see [`EngineBuilder::pool_wait_limit`]). Live futures
-/// give slots back within microseconds of being polled; five seconds without any is a leak
-/// or a future its owner stopped polling, not load.
-pub const DEFAULT_POOL_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Which interface serves an engine's I/O.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Backend {
-    /// io_uring where it can be set up, else the pread pool (and the reason is recorded); for
-    /// device memory, cuFile per file where it registers the file, else the bounce path (see
-    /// [`crate::gds`]).
-    #[default]
-    Auto,
-    /// io_uring only; building the engine fails where it is unavailable. No cuFile.
-    Uring,
-    /// The pread/pwrite thread pool. No cuFile.
-    Pread,
-    /// cuFile for every device-memory transfer: opening a file fails where cuFile cannot
-    /// register it, and cuFile errors are reported instead of falling back. Host-memory
-    /// transfers use io_uring (or the pread pool).
-    Gds,
-}
-
-impl std::str::FromStr for Backend {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "auto" => Ok(Backend::Auto),
-            "uring" | "io_uring" => Ok(Backend::Uring),
-            "pread" => Ok(Backend::Pread),
-            "gds" | "cufile" => Ok(Backend::Gds),
-            other => Err(format!(
-                "unknown backend {other:?} (auto, uring, pread, gds)"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Backend::Auto => "auto",
-            Backend::Uring => "uring",
-            Backend::Pread => "pread",
-            Backend::Gds => "gds",
-        })
-    }
-}
-
-/// What an engine runs on, and why.
-#[derive(Debug, Clone)]
-pub struct BackendInfo {
-    /// `io_uring` or `pread`.
-    pub name: &'static str,
-    /// Flags, buffer registration, and for a fallback the reason io_uring was not used.
-    pub detail: String,
-}
 
 /// Settings for [`Engine`]. The defaults are the measured best on the machines in
 /// BENCHMARKS.md (repository root): see each setting for its reason.
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
-    chunk_size: usize,
-    queue_depth: usize,
-    bounce_slots: usize,
+    /// Explicit piece sizes (`None`: sized from the machine, see [`Sizing`]).
+    buffered_chunk: Option<usize>,
+    direct_chunk: Option<usize>,
+    queue_depth: Option<usize>,
+    bounce_slots: Option<usize>,
+    /// `Some(0)`: the kernel's own io-wq limit.
+    iowq_workers: Option<u32>,
     bounce_growth: Option<usize>,
     pool_wait_limit: std::time::Duration,
     backend: Backend,
@@ -102,9 +46,11 @@ pub struct EngineBuilder {
 impl Default for EngineBuilder {
     fn default() -> Self {
         EngineBuilder {
-            chunk_size: 4 << 20,
-            queue_depth: 64,
-            bounce_slots: 32,
+            buffered_chunk: None,
+            direct_chunk: None,
+            queue_depth: None,
+            bounce_slots: None,
+            iowq_workers: None,
             bounce_growth: None,
             pool_wait_limit: DEFAULT_POOL_WAIT_LIMIT,
             backend: Backend::Auto,
@@ -120,23 +66,98 @@ impl Default for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// Largest piece one I/O moves (default 4 MiB; a multiple of 4096, at most 1 GiB).
+    /// Largest piece one I/O moves, on every path (a multiple of 4096, at most 1 GiB). Sets
+    /// both [`buffered_chunk_size`](Self::buffered_chunk_size) and
+    /// [`direct_chunk_size`](Self::direct_chunk_size).
     pub fn chunk_size(mut self, bytes: usize) -> Self {
-        self.chunk_size = bytes;
+        self.buffered_chunk = Some(bytes);
+        self.direct_chunk = Some(bytes);
         self
     }
 
-    /// Most I/Os in the kernel at once (default 64).
+    /// Largest piece of a buffered (page-cache) read or write (default
+    /// [`BUFFERED_CHUNK`](crate::plan::sizing::BUFFERED_CHUNK), 2 MiB).
+    pub fn buffered_chunk_size(mut self, bytes: usize) -> Self {
+        self.buffered_chunk = Some(bytes);
+        self
+    }
+
+    /// Largest piece of an O_DIRECT, cuFile or NVMe transfer (default
+    /// [`DIRECT_CHUNK`](crate::plan::sizing::DIRECT_CHUNK), 4 MiB).
+    pub fn direct_chunk_size(mut self, bytes: usize) -> Self {
+        self.direct_chunk = Some(bytes);
+        self
+    }
+
+    /// Most I/Os in the kernel at once (default: four per core, at least 64; see
+    /// [`Sizing`]).
     pub fn queue_depth(mut self, n: usize) -> Self {
-        self.queue_depth = n;
+        self.queue_depth = Some(n);
         self
     }
 
-    /// Bounce pool size in chunk-sized blocks (default 32, i.e. 128 MiB with 4 MiB chunks).
-    /// Small requests take 4 KiB-granular pieces of a block, so this bounds bytes, not ops.
+    /// Bounce pool size in blocks of the larger chunk size, rounded up to a power of two
+    /// (default: sized from the cores and memory, at least 128 MiB; see [`Sizing`]). Small
+    /// requests take 4 KiB-granular pieces of a block, so this bounds bytes, not ops.
     pub fn bounce_slots(mut self, n: usize) -> Self {
-        self.bounce_slots = n;
+        self.bounce_slots = Some(n);
         self
+    }
+
+    /// Most io_uring worker threads copying buffered pieces at once
+    /// (`IORING_REGISTER_IOWQ_MAX_WORKERS`, per ring; default two per core; 0 keeps the
+    /// kernel's limit). Ignored by the pread pool.
+    pub fn iowq_workers(mut self, n: u32) -> Self {
+        self.iowq_workers = Some(n);
+        self
+    }
+
+    /// The settings this builder would build with on this machine, each with its reason.
+    pub fn sizing(&self) -> Sizing {
+        let mut s = Sizing::for_machine(Machine::probe());
+        let mut set = |what: &str, value: String| {
+            s.reasons
+                .push(format!("{what} {value}: set by the builder"));
+        };
+        if let Some(c) = self.buffered_chunk {
+            set("buffered chunk", format!("{} KiB", c >> 10));
+        }
+        if let Some(c) = self.direct_chunk {
+            set("direct chunk", format!("{} KiB", c >> 10));
+        }
+        if let Some(q) = self.queue_depth {
+            set("queue depth", q.to_string());
+        }
+        if let Some(w) = self.iowq_workers {
+            set(
+                "io_uring workers",
+                if w == 0 {
+                    "kernel default".into()
+                } else {
+                    w.to_string()
+                },
+            );
+        }
+        s.buffered_chunk = self.buffered_chunk.unwrap_or(s.buffered_chunk);
+        s.direct_chunk = self.direct_chunk.unwrap_or(s.direct_chunk);
+        s.queue_depth = self.queue_depth.unwrap_or(s.queue_depth);
+        s.iowq_workers = match self.iowq_workers {
+            Some(0) => None,
+            Some(w) => Some(w),
+            None => s.iowq_workers,
+        };
+        let block = s.block();
+        match self.bounce_slots {
+            Some(n) => {
+                s.bounce_bytes = n.saturating_mul(block);
+                s.reasons.push(format!(
+                    "bounce pool {n} x {} KiB blocks: set by the builder",
+                    block >> 10
+                ));
+            }
+            None => s.bounce_bytes = s.bounce_bytes.div_ceil(block) * block,
+        }
+        s
     }
 
     /// How many blocks the bounce pool may grow by when futures that stopped polling
@@ -240,22 +261,33 @@ impl EngineBuilder {
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
-        if self.chunk_size < MIN_SLOT
-            || self.chunk_size % MIN_SLOT != 0
-            || self.chunk_size > 1 << 30
+        for chunk in [self.buffered_chunk, self.direct_chunk]
+            .into_iter()
+            .flatten()
         {
-            return Err(Error::invalid(
-                ctx(),
-                format!(
-                    "chunk size {} must be a multiple of 4096 between 4 KiB and 1 GiB",
-                    self.chunk_size
-                ),
-            ));
+            if chunk < MIN_SLOT || chunk % MIN_SLOT != 0 || chunk > 1 << 30 {
+                return Err(Error::invalid(
+                    ctx(),
+                    format!(
+                        "chunk size {chunk} must be a multiple of 4096 between 4 KiB and 1 GiB"
+                    ),
+                ));
+            }
         }
-        if !(1..=32768).contains(&self.queue_depth) {
+        if let Some(q) = self.queue_depth
+            && !(1..=32768).contains(&q)
+        {
             return Err(Error::invalid(ctx(), "queue depth must be 1..=32768"));
         }
-        if !(1..=u16::MAX as usize).contains(&self.bounce_slots) {
+        if let Some(n) = self.bounce_slots
+            && !(1..=u16::MAX as usize).contains(&n)
+        {
+            return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
+        }
+        let sizing = self.sizing();
+        let block = sizing.block();
+        let slots = sizing.bounce_bytes / block;
+        if !(1..=u16::MAX as usize).contains(&slots) {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
         }
         if self.pool_wait_limit < std::time::Duration::from_millis(10) {
@@ -269,7 +301,7 @@ impl EngineBuilder {
                 ),
             ));
         }
-        let growth = self.bounce_growth.unwrap_or(self.bounce_slots);
+        let growth = self.bounce_growth.unwrap_or(slots);
         if growth > u16::MAX as usize {
             return Err(Error::invalid(
                 ctx(),
@@ -286,12 +318,11 @@ impl EngineBuilder {
                 "gpuio was built without the `cuda` feature",
             ));
         }
-        let block = self.chunk_size.next_power_of_two();
         let arena = Arc::new(if self.spdk_memory {
-            BounceArena::new_dma(block, self.bounce_slots)
+            BounceArena::new_dma(block, slots)
                 .map_err(|why| Error::unsupported(ctx().with_backend("spdk"), why))?
         } else {
-            BounceArena::new(block, self.bounce_slots, growth)
+            BounceArena::new(block, slots, growth)
                 .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?
         });
         let doorbell =
@@ -300,13 +331,15 @@ impl EngineBuilder {
         let shared = Arc::new(ReactorHandle::new(tx, doorbell.clone(), arena.clone()));
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
         let backend = self.backend;
-        let threads = self.pread_threads.unwrap_or(self.queue_depth.min(64));
-        let qd = self.queue_depth;
+        let qd = sizing.queue_depth;
+        let threads = self.pread_threads.unwrap_or(qd.min(64));
+        let iowq = sizing.iowq_workers;
         let ext_arg = self.uring_ext_arg;
         let reactor_shared = shared.clone();
         let cfg = ReactorConfig {
-            chunk_size: self.chunk_size,
-            queue_depth: self.queue_depth,
+            buffered_chunk: sizing.buffered_chunk,
+            direct_chunk: sizing.direct_chunk,
+            queue_depth: qd,
             punt_min: self.punt_min,
             spin: self.reactor_spin,
             tick: self.reactor_tick,
@@ -318,13 +351,14 @@ impl EngineBuilder {
             .name("gpuio-reactor".into())
             .spawn(move || {
                 let _exit = exit_tx;
-                let main = match make_main_lane(backend, qd, threads, &arena, &doorbell, ext_arg) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        let _ = setup_tx.send(Err(e));
-                        return;
-                    }
-                };
+                let main =
+                    match make_main_lane(backend, qd, iowq, threads, &arena, &doorbell, ext_arg) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let _ = setup_tx.send(Err(e));
+                            return;
+                        }
+                    };
                 let info = BackendInfo {
                     name: main.name(),
                     detail: main.describe(),
@@ -361,9 +395,8 @@ impl EngineBuilder {
                 info,
                 gds_mode,
                 cufile_compat: self.cufile_compat,
-                chunk_size: self.chunk_size,
-                queue_depth: self.queue_depth,
-                bounce_bytes: block * self.bounce_slots,
+                bounce_bytes: block * slots,
+                sizing,
             }),
         })
     }
@@ -374,6 +407,7 @@ impl EngineBuilder {
 fn make_main_lane(
     backend: Backend,
     qd: usize,
+    iowq: Option<u32>,
     threads: usize,
     arena: &BounceArena,
     doorbell: &Arc<Doorbell>,
@@ -383,8 +417,16 @@ fn make_main_lane(
     let uring = || {
         // SAFETY: the arena is kept alive by the reactor (and every op) for longer than the
         // lane, which the reactor drops first.
-        unsafe { UringLane::new(qd as u32, &arena.block_iovecs(), doorbell.raw_fd(), ext_arg) }
-            .map(|l| Box::new(l) as Box<dyn Lane>)
+        unsafe {
+            UringLane::new(
+                qd as u32,
+                iowq,
+                &arena.block_iovecs(),
+                doorbell.raw_fd(),
+                ext_arg,
+            )
+        }
+        .map(|l| Box::new(l) as Box<dyn Lane>)
     };
     let pool = |reason: String| {
         PreadLane::new(threads, doorbell.clone(), reason)
@@ -407,190 +449,5 @@ fn make_main_lane(
                 pool(reason)
             }
         },
-    }
-}
-
-/// How long dropping the last engine handle waits for its reactor to drain and exit before
-/// leaving it to finish in the background (`Engine::shutdown` waits for good).
-const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-struct EngineInner {
-    shared: Arc<ReactorHandle>,
-    /// The reactor thread, joined when the last handle goes (see the drop).
-    reactor: Option<std::thread::JoinHandle<()>>,
-    /// Disconnects when the reactor thread ends.
-    reactor_exit: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
-    info: BackendInfo,
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    gds_mode: GdsMode,
-    cufile_compat: bool,
-    chunk_size: usize,
-    queue_depth: usize,
-    bounce_bytes: usize,
-}
-
-impl Drop for EngineInner {
-    fn drop(&mut self) {
-        // Last handle gone: close the queue and wake the reactor, which drains (operations
-        // still pending fail with `Error::Shutdown`) and exits; then join it, so that its
-        // ring, workers and pinned pool are gone when this returns (memory a device may still
-        // write is quarantined instead, see `reactor::death`).
-        self.shared.close();
-        let Some(t) = self.reactor.take() else { return };
-        if t.thread().id() == std::thread::current().id() {
-            return;
-        }
-        // A drain takes microseconds to milliseconds (pieces in the kernel complete). Work that
-        // cannot be seen to end soon (a CUDA stream still busy with a kernel, a hung device)
-        // must not block the dropping thread, often an async runtime's worker: past the limit
-        // the reactor finishes draining on its own and frees (or quarantines) what it holds.
-        let exit = self.reactor_exit.lock().unwrap_or_else(|p| p.into_inner());
-        match exit.recv_timeout(REACTOR_JOIN_WAIT) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                tracing::warn!(
-                    waited_ms = REACTOR_JOIN_WAIT.as_millis() as u64,
-                    "gpuio engine dropped while its reactor still drains (CUDA work or I/O \
-                     that has not ended); it finishes in the background"
-                );
-            }
-            _ => {
-                let _ = t.join();
-            }
-        }
-    }
-}
-
-/// A handle to one reactor thread. Cheap to clone; `Send + Sync`.
-///
-/// The reactor stops when [`shutdown`](Engine::shutdown) is awaited or the last handle (engines
-/// and files) is dropped; either way everything in flight is cancelled and drained first.
-#[derive(Clone)]
-pub struct Engine {
-    inner: Arc<EngineInner>,
-}
-
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine")
-            .field("backend", &self.inner.info.name)
-            .field("chunk_size", &self.inner.chunk_size)
-            .field("queue_depth", &self.inner.queue_depth)
-            .finish()
-    }
-}
-
-impl Engine {
-    /// Settings for a new engine.
-    pub fn builder() -> EngineBuilder {
-        EngineBuilder::default()
-    }
-
-    /// An engine with default settings.
-    pub fn new() -> Result<Engine> {
-        Engine::builder().build()
-    }
-
-    /// Which backend serves this engine and why.
-    pub fn backend(&self) -> &BackendInfo {
-        &self.inner.info
-    }
-
-    /// Chunk size in bytes.
-    pub fn chunk_size(&self) -> usize {
-        self.inner.chunk_size
-    }
-
-    /// Queue depth.
-    pub fn queue_depth(&self) -> usize {
-        self.inner.queue_depth
-    }
-
-    /// Bytes of bounce memory.
-    pub fn bounce_bytes(&self) -> usize {
-        self.inner.bounce_bytes
-    }
-
-    /// Whether the bounce pool is page-locked with CUDA (it is pinned on the first device
-    /// transfer; `false` before that, on machines without CUDA, or where the driver refused).
-    pub fn bounce_pool_pinned(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        {
-            self.inner.shared.arena.is_pinned()
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            false
-        }
-    }
-
-    /// Whether the reactor has stopped (after shutdown, or because it died).
-    pub fn is_shut_down(&self) -> bool {
-        self.inner.shared.dead.load(Ordering::SeqCst)
-    }
-
-    /// Why the reactor died, if it did: its panic message or the kernel interface that
-    /// failed. `None` while it runs and after an orderly [`shutdown`](Self::shutdown). A dead
-    /// engine fails every pending and later operation with
-    /// [`Error::ReactorDied`](crate::Error::ReactorDied) carrying this reason; open a new one.
-    pub fn failure(&self) -> Option<&str> {
-        self.inner.shared.death.get().map(String::as_str)
-    }
-
-    /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
-    pub fn bounce_pool_is_dma(&self) -> bool {
-        self.inner.shared.arena.is_dma()
-    }
-
-    /// Stops the reactor: new operations fail with [`Error::Shutdown`], operations in flight
-    /// are cancelled and drained, then the ring and the bounce pool are released. Resolves when
-    /// that is done.
-    pub async fn shutdown(&self) -> Result<()> {
-        let fut = OpFuture::with_message(
-            self.inner.shared.clone(),
-            OpKind::Shutdown,
-            NoTransfer,
-            Msg::Shutdown(SubmitMsg {
-                shared: None,
-                req: None,
-            }),
-        );
-        match fut.await {
-            Ok(_) => Ok(()),
-            // Already stopped: that is what was asked for, unless the reactor died.
-            Err(Error::Shutdown { ctx }) => match self.inner.shared.refusal(*ctx) {
-                Error::Shutdown { .. } => Ok(()),
-                died => Err(died),
-            },
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Waits until `stream` has finished everything queued on it so far, without blocking a
-    /// thread: the reactor polls an event recorded now and wakes the task. Use it instead of
-    /// `stream.synchronize()` inside async code (a tokio worker parked in
-    /// `cuStreamSynchronize` stalls every task scheduled on it).
-    #[cfg(feature = "cuda")]
-    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::op::sync::StreamSync {
-        crate::op::sync::start(&self.inner.shared, stream)
-    }
-
-    /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.
-    pub(crate) fn op_window(&self) -> usize {
-        crate::reactor::op_window(&self.inner.shared.arena)
-    }
-
-    pub(crate) fn shared(&self) -> &Arc<ReactorHandle> {
-        &self.inner.shared
-    }
-
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn gds_mode(&self) -> GdsMode {
-        self.inner.gds_mode
-    }
-
-    /// Whether AUTO may use compatibility-mode cuFile ([`EngineBuilder::cufile_compat`]).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) fn cufile_compat(&self) -> bool {
-        self.inner.cufile_compat
     }
 }

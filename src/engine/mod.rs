@@ -1,0 +1,270 @@
+//! [`Engine`]: a handle to one reactor thread and its bounce pool.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use crate::error::{Error, OpKind, Result};
+use crate::op::future::{NoTransfer, OpFuture};
+use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
+use crate::plan::sizing::Sizing;
+use crate::target::GdsMode;
+
+mod builder;
+pub use builder::EngineBuilder;
+
+/// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
+pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// How long a request waits for bounce memory that nothing in flight can give back before the
+/// pool grows or the request fails (see [`EngineBuilder::pool_wait_limit`]). Live futures
+/// give slots back within microseconds of being polled; five seconds without any is a leak
+/// or a future its owner stopped polling, not load.
+pub const DEFAULT_POOL_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Which interface serves an engine's I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Backend {
+    /// io_uring where it can be set up, else the pread pool (and the reason is recorded); for
+    /// device memory, cuFile per file where it registers the file, else the bounce path (see
+    /// [`crate::gds`]).
+    #[default]
+    Auto,
+    /// io_uring only; building the engine fails where it is unavailable. No cuFile.
+    Uring,
+    /// The pread/pwrite thread pool. No cuFile.
+    Pread,
+    /// cuFile for every device-memory transfer: opening a file fails where cuFile cannot
+    /// register it, and cuFile errors are reported instead of falling back. Host-memory
+    /// transfers use io_uring (or the pread pool).
+    Gds,
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Backend::Auto),
+            "uring" | "io_uring" => Ok(Backend::Uring),
+            "pread" => Ok(Backend::Pread),
+            "gds" | "cufile" => Ok(Backend::Gds),
+            other => Err(format!(
+                "unknown backend {other:?} (auto, uring, pread, gds)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Auto => "auto",
+            Backend::Uring => "uring",
+            Backend::Pread => "pread",
+            Backend::Gds => "gds",
+        })
+    }
+}
+
+/// What an engine runs on, and why.
+#[derive(Debug, Clone)]
+pub struct BackendInfo {
+    /// `io_uring` or `pread`.
+    pub name: &'static str,
+    /// Flags, buffer registration, and for a fallback the reason io_uring was not used.
+    pub detail: String,
+}
+
+/// How long dropping the last engine handle waits for its reactor to drain and exit before
+/// leaving it to finish in the background (`Engine::shutdown` waits for good).
+const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+struct EngineInner {
+    shared: Arc<ReactorHandle>,
+    /// The reactor thread, joined when the last handle goes (see the drop).
+    reactor: Option<std::thread::JoinHandle<()>>,
+    /// Disconnects when the reactor thread ends.
+    reactor_exit: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    info: BackendInfo,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    gds_mode: GdsMode,
+    cufile_compat: bool,
+    bounce_bytes: usize,
+    sizing: Sizing,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // Last handle gone: close the queue and wake the reactor, which drains (operations
+        // still pending fail with `Error::Shutdown`) and exits; then join it, so that its
+        // ring, workers and pinned pool are gone when this returns (memory a device may still
+        // write is quarantined instead, see `reactor::death`).
+        self.shared.close();
+        let Some(t) = self.reactor.take() else { return };
+        if t.thread().id() == std::thread::current().id() {
+            return;
+        }
+        // A drain takes microseconds to milliseconds (pieces in the kernel complete). Work that
+        // cannot be seen to end soon (a CUDA stream still busy with a kernel, a hung device)
+        // must not block the dropping thread, often an async runtime's worker: past the limit
+        // the reactor finishes draining on its own and frees (or quarantines) what it holds.
+        let exit = self.reactor_exit.lock().unwrap_or_else(|p| p.into_inner());
+        match exit.recv_timeout(REACTOR_JOIN_WAIT) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    waited_ms = REACTOR_JOIN_WAIT.as_millis() as u64,
+                    "gpuio engine dropped while its reactor still drains (CUDA work or I/O \
+                     that has not ended); it finishes in the background"
+                );
+            }
+            _ => {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A handle to one reactor thread. Cheap to clone; `Send + Sync`.
+///
+/// The reactor stops when [`shutdown`](Engine::shutdown) is awaited or the last handle (engines
+/// and files) is dropped; either way everything in flight is cancelled and drained first.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.inner.info.name)
+            .field("buffered_chunk", &self.inner.sizing.buffered_chunk)
+            .field("direct_chunk", &self.inner.sizing.direct_chunk)
+            .field("queue_depth", &self.inner.sizing.queue_depth)
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Settings for a new engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// An engine with default settings.
+    pub fn new() -> Result<Engine> {
+        Engine::builder().build()
+    }
+
+    /// Which backend serves this engine and why.
+    pub fn backend(&self) -> &BackendInfo {
+        &self.inner.info
+    }
+
+    /// Largest piece in bytes, over every path (O_DIRECT files size their alignment checks
+    /// against it).
+    pub fn chunk_size(&self) -> usize {
+        self.inner
+            .sizing
+            .buffered_chunk
+            .max(self.inner.sizing.direct_chunk)
+    }
+
+    /// Queue depth.
+    pub fn queue_depth(&self) -> usize {
+        self.inner.sizing.queue_depth
+    }
+
+    /// What this engine was built with, and why (the defaults are sized from the machine).
+    pub fn sizing(&self) -> &Sizing {
+        &self.inner.sizing
+    }
+
+    /// Bytes of bounce memory.
+    pub fn bounce_bytes(&self) -> usize {
+        self.inner.bounce_bytes
+    }
+
+    /// Whether the bounce pool is page-locked with CUDA (it is pinned on the first device
+    /// transfer; `false` before that, on machines without CUDA, or where the driver refused).
+    pub fn bounce_pool_pinned(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        {
+            self.inner.shared.arena.is_pinned()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            false
+        }
+    }
+
+    /// Whether the reactor has stopped (after shutdown, or because it died).
+    pub fn is_shut_down(&self) -> bool {
+        self.inner.shared.dead.load(Ordering::SeqCst)
+    }
+
+    /// Why the reactor died, if it did: its panic message or the kernel interface that
+    /// failed. `None` while it runs and after an orderly [`shutdown`](Self::shutdown). A dead
+    /// engine fails every pending and later operation with
+    /// [`Error::ReactorDied`](crate::Error::ReactorDied) carrying this reason; open a new one.
+    pub fn failure(&self) -> Option<&str> {
+        self.inner.shared.death.get().map(String::as_str)
+    }
+
+    /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
+    pub fn bounce_pool_is_dma(&self) -> bool {
+        self.inner.shared.arena.is_dma()
+    }
+
+    /// Stops the reactor: new operations fail with [`Error::Shutdown`], operations in flight
+    /// are cancelled and drained, then the ring and the bounce pool are released. Resolves when
+    /// that is done.
+    pub async fn shutdown(&self) -> Result<()> {
+        let fut = OpFuture::with_message(
+            self.inner.shared.clone(),
+            OpKind::Shutdown,
+            NoTransfer,
+            Msg::Shutdown(SubmitMsg {
+                shared: None,
+                req: None,
+            }),
+        );
+        match fut.await {
+            Ok(_) => Ok(()),
+            // Already stopped: that is what was asked for, unless the reactor died.
+            Err(Error::Shutdown { ctx }) => match self.inner.shared.refusal(*ctx) {
+                Error::Shutdown { .. } => Ok(()),
+                died => Err(died),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Waits until `stream` has finished everything queued on it so far, without blocking a
+    /// thread: the reactor polls an event recorded now and wakes the task. Use it instead of
+    /// `stream.synchronize()` inside async code (a tokio worker parked in
+    /// `cuStreamSynchronize` stalls every task scheduled on it).
+    #[cfg(feature = "cuda")]
+    pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::op::sync::StreamSync {
+        crate::op::sync::start(&self.inner.shared, stream)
+    }
+
+    /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.
+    pub(crate) fn op_window(&self) -> usize {
+        crate::reactor::op_window(&self.inner.shared.arena)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<ReactorHandle> {
+        &self.inner.shared
+    }
+
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn gds_mode(&self) -> GdsMode {
+        self.inner.gds_mode
+    }
+
+    /// Whether AUTO may use compatibility-mode cuFile ([`EngineBuilder::cufile_compat`]).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn cufile_compat(&self) -> bool {
+        self.inner.cufile_compat
+    }
+}

@@ -1,0 +1,204 @@
+//! Engine settings sized from the machine: how large a piece each path moves, how much bounce
+//! memory keeps the copies busy, how many pieces are in flight and how many io_uring workers
+//! copy out of the page cache at once.
+//!
+//! The numbers follow the performance model in the repository's DESIGN.md: a page-cache-warm
+//! read is a CPU copy (about 3.5–4 GB/s per core) into a pinned slot, so throughput is set by
+//! how many copies run at once and how soon a slot comes back; a cold O_DIRECT read is the
+//! disk, which wants a few large requests in flight. Every choice carries its reason, which
+//! `gpuio check` prints, and every one can be overridden on
+//! [`EngineBuilder`](crate::EngineBuilder).
+
+/// What the sizing looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Machine {
+    /// CPUs this process may run on (its affinity mask, not the machine's total).
+    pub cores: usize,
+    /// Physical memory in bytes (0 where it could not be read).
+    pub memory: u64,
+}
+
+impl Machine {
+    /// The machine this process runs on.
+    pub fn probe() -> Machine {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        // SAFETY: sysinfo fills the struct it is given; a zeroed one is a valid input.
+        let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+        // SAFETY: `si` is a valid, writable sysinfo struct.
+        let memory = if unsafe { libc::sysinfo(&mut si) } == 0 {
+            si.totalram as u64 * si.mem_unit.max(1) as u64
+        } else {
+            0
+        };
+        Machine { cores, memory }
+    }
+}
+
+/// Bytes one buffered (page-cache) read piece moves by default. Measured on the H100 machine
+/// (BENCHMARKS.md): page-cache-warm 16 MiB reads into GPU memory ran at 43.2 GB/s with 2 MiB
+/// pieces and 33–35 GB/s with 4 MiB ones: a smaller piece frees its slot sooner and spreads
+/// one request over more copying workers.
+pub const BUFFERED_CHUNK: usize = 2 << 20;
+/// Bytes one O_DIRECT (or cuFile, or NVMe) piece moves by default: the disks measured reach
+/// their sequential rate at 1–4 MiB requests, 4 MiB with the fewest in flight.
+pub const DIRECT_CHUNK: usize = 4 << 20;
+/// Bounce memory at least this large whatever the core count (the pre-sizing default, which
+/// holds 32 direct pieces: enough for the disks measured).
+pub const MIN_BOUNCE_BYTES: usize = 128 << 20;
+/// Bounce memory at most this large by default (pinned memory is the machine's to share).
+pub const MAX_BOUNCE_BYTES: usize = 1 << 30;
+
+/// What an engine runs with, and why. Built by [`Sizing::for_machine`] and overridden by the
+/// builder's explicit settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sizing {
+    /// The machine the defaults were chosen for.
+    pub machine: Machine,
+    /// Bytes per piece for buffered reads and writes.
+    pub buffered_chunk: usize,
+    /// Bytes per piece for O_DIRECT, cuFile and NVMe I/O.
+    pub direct_chunk: usize,
+    /// Bytes of bounce memory (rounded to whole blocks of the larger chunk when built).
+    pub bounce_bytes: usize,
+    /// Most pieces in the kernel at once.
+    pub queue_depth: usize,
+    /// Most io_uring workers copying buffered pieces at once (`IORING_REGISTER_IOWQ_MAX_WORKERS`,
+    /// bounded class; `None`: the kernel's own limit).
+    pub iowq_workers: Option<u32>,
+    /// One line per setting: its value and why (what `gpuio check` prints).
+    pub reasons: Vec<String>,
+}
+
+impl Sizing {
+    /// The defaults for `m`.
+    pub fn for_machine(m: Machine) -> Sizing {
+        let cores = m.cores.max(1);
+        // Each copying core wants two pieces: one being copied, one whose slot is on its way
+        // back (device copy in flight, or the future about to copy it out).
+        let wanted = 4 * cores * BUFFERED_CHUNK;
+        let mem_cap = if m.memory == 0 {
+            MAX_BOUNCE_BYTES
+        } else {
+            ((m.memory / 32) as usize).clamp(MIN_BOUNCE_BYTES, MAX_BOUNCE_BYTES)
+        };
+        let bounce_bytes = wanted.clamp(MIN_BOUNCE_BYTES, mem_cap);
+        let queue_depth = (4 * cores).clamp(64, 1024);
+        // io-wq's default bound is four workers per CPU (and the ring size): for copies, which
+        // are CPU-bound, more workers than cores only take turns on them. Two per core leaves
+        // room for workers blocked on a page that is still being read in.
+        let iowq = (2 * cores).clamp(4, 512) as u32;
+        let reasons = vec![
+            format!(
+                "machine: {cores} usable core(s), {} of memory",
+                if m.memory == 0 {
+                    "an unknown amount".to_string()
+                } else {
+                    format!("{} MiB", m.memory >> 20)
+                }
+            ),
+            format!(
+                "buffered chunk {} KiB: page-cache copies, smaller pieces free their slots sooner \
+                 (measured best on the H100 machine)",
+                BUFFERED_CHUNK >> 10
+            ),
+            format!(
+                "direct chunk {} KiB: O_DIRECT, cuFile and NVMe requests, where disks reach their \
+                 sequential rate with few in flight",
+                DIRECT_CHUNK >> 10
+            ),
+            format!(
+                "bounce pool {} MiB: two buffered pieces in flight per core and two more on their \
+                 way back (4 x {cores} x {} KiB), at least {} MiB, at most {} MiB or 1/32 of memory",
+                bounce_bytes >> 20,
+                BUFFERED_CHUNK >> 10,
+                MIN_BOUNCE_BYTES >> 20,
+                MAX_BOUNCE_BYTES >> 20
+            ),
+            format!("queue depth {queue_depth}: four pieces per core, at least 64"),
+            format!(
+                "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
+                 default allows four per CPU)"
+            ),
+        ];
+        Sizing {
+            machine: m,
+            buffered_chunk: BUFFERED_CHUNK,
+            direct_chunk: DIRECT_CHUNK,
+            bounce_bytes,
+            queue_depth,
+            iowq_workers: Some(iowq),
+            reasons,
+        }
+    }
+
+    /// Bytes of one bounce block: the larger chunk, rounded up to a power of two (a piece
+    /// never spans blocks).
+    pub fn block(&self) -> usize {
+        self.buffered_chunk
+            .max(self.direct_chunk)
+            .next_power_of_two()
+    }
+}
+
+impl std::fmt::Display for Sizing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, r) in self.reasons.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            f.write_str(r)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_machines_keep_the_measured_floor() {
+        let s = Sizing::for_machine(Machine {
+            cores: 2,
+            memory: 24 << 30,
+        });
+        assert_eq!(s.bounce_bytes, MIN_BOUNCE_BYTES);
+        assert_eq!(s.queue_depth, 64);
+        assert_eq!(s.iowq_workers, Some(4));
+        assert_eq!(s.block(), DIRECT_CHUNK);
+    }
+
+    #[test]
+    fn large_machines_get_more_in_flight_within_memory() {
+        let s = Sizing::for_machine(Machine {
+            cores: 64,
+            memory: 512 << 30,
+        });
+        assert_eq!(s.bounce_bytes, 512 << 20);
+        assert_eq!(s.queue_depth, 256);
+        assert_eq!(s.iowq_workers, Some(128));
+        // Memory bounds the pool: 8 GiB of RAM allows 256 MiB.
+        let small = Sizing::for_machine(Machine {
+            cores: 64,
+            memory: 8 << 30,
+        });
+        assert_eq!(small.bounce_bytes, 256 << 20);
+    }
+
+    #[test]
+    fn every_setting_says_why() {
+        let s = Sizing::for_machine(Machine::probe());
+        let text = s.to_string();
+        for word in [
+            "buffered chunk",
+            "direct chunk",
+            "bounce pool",
+            "queue depth",
+            "io_uring workers",
+        ] {
+            assert!(text.contains(word), "{word} missing from {text}");
+        }
+    }
+}
