@@ -80,12 +80,6 @@ static void start(struct slot *slot) {
     }
 }
 
-static uint64_t next_pow2(uint64_t v) {
-    uint64_t p = 1;
-    while (p < v) p <<= 1;
-    return p;
-}
-
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: %s FILE [--bs BYTES] [--qd N] [--seconds S] [--gpu N] [--direct]\n",
@@ -106,19 +100,20 @@ int main(int argc, char **argv) {
     if (bs == 0 || qd == 0 || seconds <= 0) return fprintf(stderr, "bad --bs/--qd/--seconds\n"), 2;
     if (gpu >= 0 && cuda_load(gpu)) return fprintf(stderr, "--gpu %d: %s\n", gpu, cuda_why), 1;
 
-    /* bench's engine settings for this --bs and --qd (gpuio-cli/src/bench.rs, measure()). */
-    uint64_t chunk = (bs + 4095) / 4096 * 4096;
-    if (chunk < (4u << 20)) chunk = 4u << 20;
-    if (chunk > (1u << 30)) chunk = 1u << 30;
+    /* bench's engine settings for this --bs and --qd (gpuio-cli/src/bench.rs, measure()): the
+     * engine's defaults, with the queue depth and the pool raised to what QD requests need. */
+    gpuio_sizing base;
+    if (gpuio_engine_sizing(NULL, &base)) return fprintf(stderr, "%s\n", gpuio_last_error()), 1;
+    uint64_t chunk = direct ? base.direct_chunk : base.buffered_chunk;
     uint64_t pieces = (bs + chunk - 1) / chunk, qd_engine = qd * (pieces ? pieces : 1);
+    if (qd_engine < base.queue_depth) qd_engine = base.queue_depth;
     if (qd_engine > 4096) qd_engine = 4096;
     uint64_t pool = 2 * qd * (bs > 4096 ? bs : 4096);
-    if (pool < (128u << 20)) pool = 128u << 20;
-    uint64_t slots = (pool + next_pow2(chunk) - 1) / next_pow2(chunk);
+    if (pool < base.bounce_bytes) pool = base.bounce_bytes;
+    uint64_t slots = (pool + base.bounce_block - 1) / base.bounce_block;
     if (slots < 4) slots = 4;
     if (slots > 65535) slots = 65535;
     gpuio_engine_settings settings = {0};
-    settings.chunk_size = chunk;
     settings.queue_depth = (uint32_t)qd_engine;
     settings.bounce_slots = (uint32_t)slots;
 

@@ -173,11 +173,18 @@ typedef struct gpuio_engine_settings {
   // Kernel interface: `GPUIO_BACKEND_AUTO` (0: io_uring, else the pread pool; cuFile per
   // file where it serves), `GPUIO_BACKEND_URING`, `GPUIO_BACKEND_PREAD`, `GPUIO_BACKEND_GDS`.
   uint32_t backend;
-  // Most I/Os in the kernel at once (0: 64).
+  // Most I/Os in the kernel at once (0: sized from the machine, see `gpuio_engine_sizing`).
   uint32_t queue_depth;
-  // Largest piece one I/O moves, a multiple of 4096 (0: 4 MiB).
+  // Largest piece one I/O moves on every path, a multiple of 4096 (0: the defaults below).
   uint64_t chunk_size;
-  // Bounce pool size in chunk-sized blocks (0: 32).
+  // Largest piece of a buffered (page-cache) I/O (0: `chunk_size`, else the library's
+  // default, 2 MiB).
+  uint64_t buffered_chunk_size;
+  // Largest piece of an O_DIRECT, cuFile or NVMe I/O (0: `chunk_size`, else the library's
+  // default, 4 MiB).
+  uint64_t direct_chunk_size;
+  // Bounce pool size in blocks of the larger chunk rounded up to a power of two (0: sized
+  // from the machine).
   uint32_t bounce_slots;
   // Threads of the pread pool where it serves (0: the queue depth, at most 64).
   uint32_t pread_threads;
@@ -191,9 +198,37 @@ typedef struct gpuio_engine_settings {
   uint64_t async_copy_threshold;
 } gpuio_engine_settings;
 
+// What an engine created with given settings runs with on this machine
+// (filled by `gpuio_engine_sizing`).
+typedef struct gpuio_sizing {
+  // Bytes per piece of buffered I/O.
+  uint64_t buffered_chunk;
+  // Bytes per piece of O_DIRECT, cuFile and NVMe I/O.
+  uint64_t direct_chunk;
+  // Bytes of one bounce block: the larger chunk rounded up to a power of two.
+  uint64_t bounce_block;
+  // Bytes of bounce memory.
+  uint64_t bounce_bytes;
+  // Most pieces in the kernel at once.
+  uint32_t queue_depth;
+} gpuio_sizing;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// What this machine offers gpuio for `path` (a regular file, a block device, or a directory
+// whose filesystem is probed with a scratch file that is removed again), as the text
+// `gpuio check PATH` prints: io_uring, the engine's sizing and why, O_DIRECT, CUDA,
+// GPUDirect Storage and SPDK. Written into `buf` NUL-terminated (at most `len` bytes); `*needed`
+// (if not NULL) gets the bytes the whole report needs, NUL included, and a smaller `len` is
+// `GPUIO_ERR_RANGE` with as much as fits written (call with `len` 0 to ask the size; the
+// report is built again on each call). Blocks while it probes.
+//
+// # Safety
+// `path` is NULL (an error) or NUL-terminated; `buf` has `len` writable bytes (or `len` is
+// 0); `needed` is NULL or writable.
+enum gpuio_status gpuio_check(const char *path, char *buf, size_t len, size_t *needed);
 
 // The library's version, e.g. `"0.1.0"` (a static string; never null).
 const char *gpuio_version(void);
@@ -272,6 +307,15 @@ enum gpuio_status gpuio_engine_backend(const struct gpuio_engine *engine,
                                        char *buf,
                                        size_t len,
                                        size_t *needed);
+
+// Stores in `*out` what `gpuio_engine_create(settings)` would run with on this machine (the
+// defaults are sized from its cores and memory; `gpuio_check` prints why). `settings` NULL
+// or zeroed: the defaults.
+//
+// # Safety
+// `settings` is NULL or readable; `out` is NULL (an error) or writable.
+enum gpuio_status gpuio_engine_sizing(const struct gpuio_engine_settings *settings,
+                                      struct gpuio_sizing *out);
 
 // Opens `path` on `engine` with `flags` (`GPUIO_OPEN_*`, or-ed: READ and/or WRITE, CREATE and
 // TRUNCATE need WRITE, DIRECT for O_DIRECT: any offset and length still work) and stores the

@@ -27,11 +27,18 @@ pub struct gpuio_engine_settings {
     /// Kernel interface: `GPUIO_BACKEND_AUTO` (0: io_uring, else the pread pool; cuFile per
     /// file where it serves), `GPUIO_BACKEND_URING`, `GPUIO_BACKEND_PREAD`, `GPUIO_BACKEND_GDS`.
     pub backend: u32,
-    /// Most I/Os in the kernel at once (0: 64).
+    /// Most I/Os in the kernel at once (0: sized from the machine, see `gpuio_engine_sizing`).
     pub queue_depth: u32,
-    /// Largest piece one I/O moves, a multiple of 4096 (0: 4 MiB).
+    /// Largest piece one I/O moves on every path, a multiple of 4096 (0: the defaults below).
     pub chunk_size: u64,
-    /// Bounce pool size in chunk-sized blocks (0: 32).
+    /// Largest piece of a buffered (page-cache) I/O (0: `chunk_size`, else the library's
+    /// default, 2 MiB).
+    pub buffered_chunk_size: u64,
+    /// Largest piece of an O_DIRECT, cuFile or NVMe I/O (0: `chunk_size`, else the library's
+    /// default, 4 MiB).
+    pub direct_chunk_size: u64,
+    /// Bounce pool size in blocks of the larger chunk rounded up to a power of two (0: sized
+    /// from the machine).
     pub bounce_slots: u32,
     /// Threads of the pread pool where it serves (0: the queue depth, at most 64).
     pub pread_threads: u32,
@@ -94,10 +101,18 @@ fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
     if s.queue_depth != 0 {
         b = b.queue_depth(s.queue_depth as usize);
     }
+    let size = |v: u64, what: &str| {
+        usize::try_from(v)
+            .map_err(|_| Failure::invalid(format!("gpuio_engine_settings.{what} is too large")))
+    };
     if s.chunk_size != 0 {
-        let chunk = usize::try_from(s.chunk_size)
-            .map_err(|_| Failure::invalid("gpuio_engine_settings.chunk_size is too large"))?;
-        b = b.chunk_size(chunk);
+        b = b.chunk_size(size(s.chunk_size, "chunk_size")?);
+    }
+    if s.buffered_chunk_size != 0 {
+        b = b.buffered_chunk_size(size(s.buffered_chunk_size, "buffered_chunk_size")?);
+    }
+    if s.direct_chunk_size != 0 {
+        b = b.direct_chunk_size(size(s.direct_chunk_size, "direct_chunk_size")?);
     }
     if s.bounce_slots != 0 {
         b = b.bounce_slots(s.bounce_slots as usize);
@@ -291,5 +306,55 @@ pub unsafe extern "C" fn gpuio_engine_backend(
         };
         // SAFETY: forwarded from this function's contract.
         unsafe { crate::text::copy_out(&text, buf, len, needed) }
+    })
+}
+
+/// What an engine created with given settings runs with on this machine
+/// (filled by `gpuio_engine_sizing`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gpuio_sizing {
+    /// Bytes per piece of buffered I/O.
+    pub buffered_chunk: u64,
+    /// Bytes per piece of O_DIRECT, cuFile and NVMe I/O.
+    pub direct_chunk: u64,
+    /// Bytes of one bounce block: the larger chunk rounded up to a power of two.
+    pub bounce_block: u64,
+    /// Bytes of bounce memory.
+    pub bounce_bytes: u64,
+    /// Most pieces in the kernel at once.
+    pub queue_depth: u32,
+}
+
+/// Stores in `*out` what `gpuio_engine_create(settings)` would run with on this machine (the
+/// defaults are sized from its cores and memory; `gpuio_check` prints why). `settings` NULL
+/// or zeroed: the defaults.
+///
+/// # Safety
+/// `settings` is NULL or readable; `out` is NULL (an error) or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_sizing(
+    settings: *const gpuio_engine_settings,
+    out: *mut gpuio_sizing,
+) -> gpuio_status {
+    guard(|| {
+        if out.is_null() {
+            return Err(Failure::invalid(
+                "gpuio_engine_sizing: out is a null pointer",
+            ));
+        }
+        // SAFETY: NULL or a readable settings struct (this function's contract).
+        let settings = unsafe { settings.as_ref() }.copied().unwrap_or_default();
+        let sizing = builder(&settings)?.sizing();
+        let sized = gpuio_sizing {
+            buffered_chunk: sizing.buffered_chunk as u64,
+            direct_chunk: sizing.direct_chunk as u64,
+            bounce_block: sizing.block() as u64,
+            bounce_bytes: sizing.bounce_bytes as u64,
+            queue_depth: u32::try_from(sizing.queue_depth).unwrap_or(u32::MAX),
+        };
+        // SAFETY: checked non-null; writable by this function's contract.
+        unsafe { *out = sized };
+        Ok(())
     })
 }

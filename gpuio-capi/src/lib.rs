@@ -66,6 +66,33 @@ pub const GPUIO_MEMORY_HOST: u32 = 0;
 /// `gpuio_buffer.kind`: CUDA device memory (`ptr` is a `CUdeviceptr`).
 pub const GPUIO_MEMORY_DEVICE: u32 = 1;
 
+/// What this machine offers gpuio for `path` (a regular file, a block device, or a directory
+/// whose filesystem is probed with a scratch file that is removed again), as the text
+/// `gpuio check PATH` prints: io_uring, the engine's sizing and why, O_DIRECT, CUDA,
+/// GPUDirect Storage and SPDK. Written into `buf` NUL-terminated (at most `len` bytes); `*needed`
+/// (if not NULL) gets the bytes the whole report needs, NUL included, and a smaller `len` is
+/// `GPUIO_ERR_RANGE` with as much as fits written (call with `len` 0 to ask the size; the
+/// report is built again on each call). Blocks while it probes.
+///
+/// # Safety
+/// `path` is NULL (an error) or NUL-terminated; `buf` has `len` writable bytes (or `len` is
+/// 0); `needed` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_check(
+    path: *const libc::c_char,
+    buf: *mut libc::c_char,
+    len: usize,
+    needed: *mut usize,
+) -> gpuio_status {
+    status::guard(|| {
+        // SAFETY: forwarded from this function's contract.
+        let path = unsafe { text::c_path(path, "gpuio_check") }?;
+        let report = gpuio::check::report(&path)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe { text::copy_out(&report.to_string(), buf, len, needed) }
+    })
+}
+
 /// The library's version, e.g. `"0.1.0"` (a static string; never null).
 #[unsafe(no_mangle)]
 pub extern "C" fn gpuio_version() -> *const libc::c_char {

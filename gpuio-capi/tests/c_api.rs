@@ -126,6 +126,8 @@ fn sync_reads_writes_and_settings() {
             "ok read whole file",
             "ok short read at end of file",
             "ok write at two offsets, fsync, read back",
+            "ok sizing: defaults and overrides",
+            "ok check report",
         ],
     );
 }

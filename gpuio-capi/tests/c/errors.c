@@ -143,6 +143,17 @@ int main(int argc, char **argv) {
     EXPECT(strcmp(gpuio_status_name(12345), "GPUIO_UNKNOWN_STATUS") == 0);
     EXPECT(strcmp(gpuio_status_name(-1), "GPUIO_UNKNOWN_STATUS") == 0);
 
+    /* The check report refuses what it cannot examine. */
+    char report[64];
+    EXPECT_ERR(gpuio_check(NULL, report, sizeof report, NULL), GPUIO_ERR_INVALID,
+               "path is a null pointer");
+    EXPECT_ERR(gpuio_check(missing, report, sizeof report, NULL), GPUIO_ERR_IO, "no-such-file");
+    EXPECT_ERR(gpuio_check("/dev/null", report, sizeof report, NULL), GPUIO_ERR_INVALID,
+               "gpuio check examines regular files, block devices and directories");
+    EXPECT_ERR(gpuio_check(path, NULL, 10, NULL), GPUIO_ERR_INVALID,
+               "output buffer is a null pointer");
+    EXPECT_ERR(gpuio_engine_sizing(NULL, NULL), GPUIO_ERR_INVALID, "out is a null pointer");
+
     /* Blocking calls inside a callback are refused, not deadlocked. */
     struct in_callback cb = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0,
                              GPUIO_OK, GPUIO_OK, GPUIO_OK, {0}, file, engine};

@@ -96,6 +96,27 @@ int main(int argc, char **argv) {
     CHECK(gpuio_close(file));
     printf("ok write at two offsets, fsync, read back\n");
 
+    /* Sizing: the defaults come from the machine; settings override them. */
+    gpuio_sizing sz;
+    CHECK(gpuio_engine_sizing(NULL, &sz));
+    EXPECT(sz.queue_depth >= 64 && sz.buffered_chunk > 0 && sz.direct_chunk > 0);
+    EXPECT(sz.bounce_block >= sz.buffered_chunk && sz.bounce_block >= sz.direct_chunk);
+    EXPECT(sz.bounce_bytes >= sz.bounce_block);
+    CHECK(gpuio_engine_sizing(&s, &sz));
+    EXPECT(sz.buffered_chunk == 64 << 10 && sz.direct_chunk == 64 << 10);
+    EXPECT(sz.queue_depth == 8 && sz.bounce_bytes == 16 * (64 << 10));
+    printf("ok sizing: defaults and overrides\n");
+
+    /* The check report, as `gpuio check DIR` prints it: ask the size, then fetch it. */
+    size_t report_len = 0;
+    EXPECT(gpuio_check(argv[1], NULL, 0, &report_len) == GPUIO_ERR_RANGE);
+    char *report = malloc(report_len);
+    CHECK(gpuio_check(argv[1], report, report_len, NULL));
+    EXPECT(strlen(report) + 1 == report_len);
+    EXPECT(strstr(report, "gpuio ") && strstr(report, "io_uring"));
+    printf("ok check report, %zu bytes:\n%s\n", report_len, report);
+    free(report);
+
     CHECK(gpuio_engine_free(pread_engine));
     CHECK(gpuio_engine_free(engine));
     free(back);
