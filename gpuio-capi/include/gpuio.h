@@ -135,7 +135,8 @@ typedef struct gpuio_buffer {
   // `GPUIO_MEMORY_HOST` (0) or `GPUIO_MEMORY_DEVICE`.
   uint32_t kind;
   // Device memory: the CUDA device index. gpuio uses the device's primary context (the one
-  // the CUDA runtime uses); the memory must be usable from it.
+  // the CUDA runtime uses), and makes it current on the threads that issue copies (the
+  // calling thread for synchronous calls); the memory must be usable from it.
   int32_t device;
   // Device memory: the `CUstream` the copies are ordered on, or NULL. With a stream, an
   // operation completes once its copies are queued on it: work queued on the stream
