@@ -417,9 +417,10 @@ enum gpuio_status gpuio_request_test(const struct gpuio_request *request, uint64
 // Frees a request. **A request still running is cancelled and waited for**: when this returns
 // nothing touches its buffer any more (device memory: no copy is queued after this returns;
 // copies already queued run in stream order), a cancelled write may have written part of its
-// range, and its callback does not run. Inside a callback, freeing a request of another
-// still running operation is refused (`GPUIO_ERR_WOULD_BLOCK`); freeing the callback's own
-// request is fine.
+// range, and its callback does not run. A completed request's callback has returned by the
+// time this returns, so its user data may go too. Inside a callback, freeing a request of
+// another still running operation is refused (`GPUIO_ERR_WOULD_BLOCK`); freeing the
+// callback's own request is fine.
 //
 // # Safety
 // None beyond the C contract: any pointer value is accepted.

@@ -165,10 +165,6 @@ pub(crate) fn submit(
             )),
         };
         let engine = weak_engine.upgrade();
-        if let Some(e) = &engine {
-            let mut requests = e.requests.lock().unwrap_or_else(|p| p.into_inner());
-            requests.running.remove(&token);
-        }
         let (status, bytes) = match &result {
             Ok(n) => (gpuio_status::GPUIO_OK, *n as u64),
             Err(f) => (f.status, 0),
@@ -191,6 +187,12 @@ pub(crate) fn submit(
         }
         state.lock().finished = true;
         state.changed.notify_all();
+        // Only now: `gpuio_engine_free` waits for the requests it finds running, callbacks
+        // included.
+        if let Some(e) = &engine {
+            let mut requests = e.requests.lock().unwrap_or_else(|p| p.into_inner());
+            requests.running.remove(&token);
+        }
     });
     Ok(token)
 }
@@ -329,9 +331,10 @@ pub unsafe extern "C" fn gpuio_request_test(
 /// Frees a request. **A request still running is cancelled and waited for**: when this returns
 /// nothing touches its buffer any more (device memory: no copy is queued after this returns;
 /// copies already queued run in stream order), a cancelled write may have written part of its
-/// range, and its callback does not run. Inside a callback, freeing a request of another
-/// still running operation is refused (`GPUIO_ERR_WOULD_BLOCK`); freeing the callback's own
-/// request is fine.
+/// range, and its callback does not run. A completed request's callback has returned by the
+/// time this returns, so its user data may go too. Inside a callback, freeing a request of
+/// another still running operation is refused (`GPUIO_ERR_WOULD_BLOCK`); freeing the
+/// callback's own request is fine.
 ///
 /// # Safety
 /// None beyond the C contract: any pointer value is accepted.
@@ -350,8 +353,11 @@ pub unsafe extern "C" fn gpuio_request_free(request: *mut gpuio_request) -> gpui
             state.cancel();
         }
         REQUESTS.remove(request)?;
-        if !done {
-            let _ = state.wait_result(None);
+        // Until the operation is gone and its callback (if it runs) has returned, so that the
+        // caller may free the buffer and the callback's user data. Not inside a callback: it
+        // may be this request's own, and other callbacks are short.
+        if !on_executor() {
+            state.wait_finished();
         }
         Ok(())
     })

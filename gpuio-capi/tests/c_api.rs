@@ -141,6 +141,7 @@ fn async_wait_test_callback_and_eventfd() {
             "ok test",
             "ok callback",
             "ok eventfd",
+            "ok free waits for the callback",
             "ok write async",
         ],
     );

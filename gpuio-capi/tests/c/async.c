@@ -39,6 +39,15 @@ static void on_complete(gpuio_request *req, gpuio_status status, uint64_t bytes,
     pthread_mutex_unlock(&c->lock);
 }
 
+static volatile int slow_callback_returned;
+
+/* Slow on purpose (briefly): gpuio_request_free must wait for it to return. */
+static void slow_callback(gpuio_request *req, gpuio_status status, uint64_t bytes, void *user) {
+    (void)req, (void)status, (void)bytes, (void)user;
+    usleep(50000);
+    __atomic_store_n(&slow_callback_returned, 1, __ATOMIC_SEQ_CST);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) FAIL("usage: %s DIR", argv[0]);
     char *path = join(argv[1], "async.bin");
@@ -153,7 +162,19 @@ int main(int argc, char **argv) {
     printf("ok eventfd: %d requests, %d wakeups, %llu signals\n", REQUESTS, wakeups,
            (unsigned long long)signalled);
 
-    /* 5. async writes, then read back */
+    /* 5. wait returns once the result is in; free waits for the callback to return, so
+     * the callback's user data may be freed after it. */
+    {
+        gpuio_buffer b = host_buffer(bufs, PIECE);
+        gpuio_request *req = NULL;
+        CHECK(gpuio_read_async(file, &b, 0, slow_callback, NULL, &req));
+        CHECK(gpuio_request_wait(req, -1, NULL));
+        CHECK(gpuio_request_free(req));
+        EXPECT(__atomic_load_n(&slow_callback_returned, __ATOMIC_SEQ_CST) == 1);
+        printf("ok free waits for the callback\n");
+    }
+
+    /* 6. async writes, then read back */
     char *out = join(argv[1], "async-out.bin");
     gpuio_file *wfile = NULL;
     CHECK(gpuio_open(engine, out, GPUIO_OPEN_READ | GPUIO_OPEN_WRITE | GPUIO_OPEN_CREATE, &wfile));
