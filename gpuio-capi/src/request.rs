@@ -348,8 +348,8 @@ pub unsafe extern "C" fn gpuio_request_free(request: *mut gpuio_request) -> gpui
         }
         // Detach and cancel before the handle goes, so that whoever sees it gone knows the
         // operation will not be polled again.
-        state.detached.store(true, Ordering::SeqCst);
         if !done {
+            state.detached.store(true, Ordering::SeqCst);
             state.cancel();
         }
         REQUESTS.remove(request)?;

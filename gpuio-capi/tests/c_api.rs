@@ -6,17 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Where cargo put libgpuio_capi.so: next to this test's `deps/` directory.
+/// Where cargo put libgpuio_capi.so for this test: `deps/`, beside the test binary (cargo
+/// builds the crate's every crate type there for its tests, but copies them up into the
+/// profile directory only for `cargo build`, so that copy may be stale).
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("the test knows its own path");
     let deps = exe.parent().expect("the test binary lies in deps/");
-    let dir = deps.parent().expect("deps/ lies in the profile directory");
     assert!(
-        dir.join("libgpuio_capi.so").exists(),
+        deps.join("libgpuio_capi.so").exists(),
         "{} has no libgpuio_capi.so (cargo builds it with the crate)",
-        dir.display()
+        deps.display()
     );
-    dir.to_path_buf()
+    deps.to_path_buf()
 }
 
 fn crate_dir() -> &'static Path {
@@ -85,8 +86,11 @@ fn run(exe: &Path, env: &[(&str, &str)]) -> String {
 
 /// Runs `exe` with `args`; fails unless it exits 0; returns its standard output.
 fn run_with(exe: &Path, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> String {
+    // cargo's LD_LIBRARY_PATH names the profile directory too, whose copy of the library
+    // may be stale (see `lib_dir`), and it outranks the binary's run path.
     let output = Command::new(exe)
         .args(args)
+        .env("LD_LIBRARY_PATH", lib_dir())
         .envs(env.iter().copied())
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", exe.display()));
