@@ -289,7 +289,9 @@ enum gpuio_status gpuio_engine_create(const struct gpuio_engine_settings *settin
 enum gpuio_status gpuio_engine_free(struct gpuio_engine *engine);
 
 // The engine's eventfd: readable once any of its requests has completed since the count was
-// last read (read 8 bytes to reset it, then `gpuio_request_test` your requests). The engine
+// last read (read 8 bytes to reset it, then `gpuio_request_test` your requests). Completions
+// are counted from the first call of this function on (an engine nobody watches this way
+// saves a system call per request), so call it before starting the requests to watch. The engine
 // owns the descriptor: do not close it; it is closed by `gpuio_engine_free`. Returns -1 (with
 // the last error set) for a bad handle.
 //

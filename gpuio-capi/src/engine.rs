@@ -56,8 +56,10 @@ pub struct gpuio_engine_settings {
 pub(crate) struct EngineHandle {
     pub(crate) engine: gpuio::Engine,
     executor: Executor,
-    /// Signalled (incremented) each time a request of this engine completes.
+    /// Signalled (incremented) each time a request of this engine completes, once someone
+    /// has asked for it (`gpuio_engine_eventfd`): a write per request otherwise.
     pub(crate) eventfd: OwnedFd,
+    eventfd_wanted: std::sync::atomic::AtomicBool,
     /// Requests running, and whether the engine is being freed (then nothing new starts).
     pub(crate) requests: Mutex<Requests>,
     /// CUDA contexts by device index, retained on first use.
@@ -175,6 +177,7 @@ pub unsafe extern "C" fn gpuio_engine_create(
             engine,
             executor,
             eventfd,
+            eventfd_wanted: Default::default(),
             requests: Mutex::new(Requests {
                 closed: false,
                 running: HashMap::new(),
@@ -252,6 +255,12 @@ impl EngineHandle {
 
     /// Counts one completion on the eventfd.
     pub(crate) fn signal(&self) {
+        if !self
+            .eventfd_wanted
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return;
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live local to a descriptor this handle owns. The only
         // failure is EAGAIN at a counter of 2^64-2, which still leaves the fd readable.
@@ -266,7 +275,9 @@ impl EngineHandle {
 }
 
 /// The engine's eventfd: readable once any of its requests has completed since the count was
-/// last read (read 8 bytes to reset it, then `gpuio_request_test` your requests). The engine
+/// last read (read 8 bytes to reset it, then `gpuio_request_test` your requests). Completions
+/// are counted from the first call of this function on (an engine nobody watches this way
+/// saves a system call per request), so call it before starting the requests to watch. The engine
 /// owns the descriptor: do not close it; it is closed by `gpuio_engine_free`. Returns -1 (with
 /// the last error set) for a bad handle.
 ///
@@ -276,7 +287,11 @@ impl EngineHandle {
 pub unsafe extern "C" fn gpuio_engine_eventfd(engine: *const gpuio_engine) -> i32 {
     let mut fd = -1;
     guard(|| {
-        fd = ENGINES.get(engine)?.eventfd.as_raw_fd();
+        let handle = ENGINES.get(engine)?;
+        handle
+            .eventfd_wanted
+            .store(true, std::sync::atomic::Ordering::Release);
+        fd = handle.eventfd.as_raw_fd();
         Ok(())
     });
     fd

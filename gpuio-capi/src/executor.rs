@@ -34,6 +34,8 @@ pub(crate) fn on_executor() -> bool {
 struct Queue {
     tasks: VecDeque<Arc<Task>>,
     stopping: bool,
+    /// Threads waiting for work: a push with none skips the notify (a system call).
+    idle: usize,
 }
 
 struct Shared {
@@ -62,8 +64,11 @@ impl ArcWake for Task {
         }
         // A stopped executor drops late wake-ups: its tasks have all finished (see `Drop`).
         if let Some(shared) = task.queue.upgrade() {
-            shared.lock().tasks.push_back(task.clone());
-            shared.ready.notify_one();
+            let mut q = shared.lock();
+            q.tasks.push_back(task.clone());
+            if q.idle > 0 {
+                shared.ready.notify_one();
+            }
         }
     }
 }
@@ -81,6 +86,7 @@ impl Executor {
             queue: Mutex::new(Queue {
                 tasks: VecDeque::new(),
                 stopping: false,
+                idle: 0,
             }),
             ready: Condvar::new(),
         });
@@ -122,7 +128,9 @@ fn work(shared: &Shared) {
                 if q.stopping {
                     return;
                 }
+                q.idle += 1;
                 q = shared.ready.wait(q).unwrap_or_else(|p| p.into_inner());
+                q.idle -= 1;
             }
         };
         // Cleared before polling, so a wake-up during the poll queues the task again.

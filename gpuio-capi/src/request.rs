@@ -55,6 +55,9 @@ struct Progress {
     result: Option<Result<usize, Failure>>,
     /// The callback has returned and the eventfd was signalled.
     finished: bool,
+    /// Threads waiting on `changed`: a completion with none skips the notify (a system call
+    /// per request otherwise).
+    waiters: usize,
 }
 
 /// The caller's `user_data`, handed back to the callback on an executor thread.
@@ -69,6 +72,7 @@ impl RequestState {
             progress: Mutex::new(Progress {
                 result: None,
                 finished: false,
+                waiters: 0,
             }),
             changed: Condvar::new(),
             abort: Mutex::new(Some(abort)),
@@ -89,12 +93,13 @@ impl RequestState {
 
     /// Waits until the callback (if any) has returned.
     pub(crate) fn wait_finished(&self) {
-        let p = self.lock();
-        drop(
-            self.changed
-                .wait_while(p, |p| !p.finished)
-                .unwrap_or_else(|p| p.into_inner()),
-        );
+        let mut p = self.lock();
+        p.waiters += 1;
+        let mut p = self
+            .changed
+            .wait_while(p, |p| !p.finished)
+            .unwrap_or_else(|p| p.into_inner());
+        p.waiters -= 1;
     }
 
     /// The result, waiting at most `timeout` (`None`: for good).
@@ -105,19 +110,33 @@ impl RequestState {
             if let Some(r) = &p.result {
                 return Some(r.clone());
             }
-            p = match deadline {
+            let left = match deadline {
+                None => None,
+                Some(d) => match d.saturating_duration_since(Instant::now()) {
+                    left if left.is_zero() => return None,
+                    left => Some(left),
+                },
+            };
+            p.waiters += 1;
+            p = match left {
                 None => self.changed.wait(p).unwrap_or_else(|p| p.into_inner()),
-                Some(d) => {
-                    let left = d.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return None;
-                    }
+                Some(left) => {
                     self.changed
                         .wait_timeout(p, left)
                         .unwrap_or_else(|p| p.into_inner())
                         .0
                 }
             };
+            p.waiters -= 1;
+        }
+    }
+
+    /// Updates the progress and wakes the waiters, if any.
+    fn update(&self, change: impl FnOnce(&mut Progress)) {
+        let mut p = self.lock();
+        change(&mut p);
+        if p.waiters > 0 {
+            self.changed.notify_all();
         }
     }
 }
@@ -170,8 +189,7 @@ pub(crate) fn submit(
             Err(f) => (f.status, 0),
         };
         drop(state.abort.lock().unwrap_or_else(|p| p.into_inner()).take());
-        state.lock().result = Some(result);
-        state.changed.notify_all();
+        state.update(|p| p.result = Some(result));
         if !state.detached.load(Ordering::SeqCst) {
             if let Some(cb) = callback {
                 let handle = std::ptr::without_provenance_mut(token as usize);
@@ -185,8 +203,7 @@ pub(crate) fn submit(
                 e.signal();
             }
         }
-        state.lock().finished = true;
-        state.changed.notify_all();
+        state.update(|p| p.finished = true);
         // Only now: `gpuio_engine_free` waits for the requests it finds running, callbacks
         // included.
         if let Some(e) = &engine {
