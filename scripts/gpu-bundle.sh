@@ -5,7 +5,8 @@
 #   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle (git-ignored)
 #   # copy DIR to the GPU machine, then:  DIR/run.sh
 #
-# run.sh runs every test binary (device tests included), the Python package's pytest suite
+# run.sh runs every test binary (device tests included), the C API's test programs and its
+# throughput next to `gpuio bench` (CAPI=0 skips them), the Python package's pytest suite
 # (PY=1, default) and its checkpoint benchmark, `gpuio check`, the copy ceilings and
 # `gpuio bench --to gpu`, and prints a table last. The bundle must stay under 64 MiB.
 set -euo pipefail
@@ -29,6 +30,9 @@ for line in sys.stdin:
 '
 }
 executables test --release --workspace --no-run | while IFS=$'\t' read -r name exe; do
+  # gpuio-capi's test harnesses compile C and read the crate's source: the capi phase of
+  # run.sh runs the C programs they compile, built below, instead.
+  case "$name" in test-c_api|test-header) continue ;; esac
   cp "$exe" "$OUT/tests/$name"
 done
 # The criterion benches that measure device memory (they skip, saying why, without a GPU).
@@ -40,6 +44,23 @@ for ex in target/release/examples/*; do
   [ -f "$ex" ] && [ -x "$ex" ] && case "$ex" in *-*|*.d) ;; *) cp "$ex" "$OUT/bin/" ;; esac
 done
 strip "$OUT"/tests/* "$OUT"/bin/*
+# The C API: the library, its header, and the C test programs and examples compiled here (the
+# GPU machine has no compiler), finding the library through $ORIGIN/../lib.
+cargo build --release -p gpuio-capi --lib
+mkdir -p "$OUT/capi/lib" "$OUT/capi/include" "$OUT/capi/bin"
+cp "${CARGO_TARGET_DIR:-target}/release/libgpuio_capi.so" "$OUT/capi/lib/"
+cp gpuio-capi/include/gpuio.h "$OUT/capi/include/"
+for src in gpuio-capi/tests/c/*.c examples/c/*.c examples/c/*.cpp; do
+  name=$(basename "${src%.*}")
+  case "$src" in
+    *.cpp) comp=${CXX:-c++} std=-std=c++17 ;;
+    *) comp=${CC:-cc} std=-std=c11 ;;
+  esac
+  "$comp" "$std" -D_GNU_SOURCE -O2 -Wall -Werror -I gpuio-capi/include -I gpuio-capi/tests/c \
+    -I examples/c "$src" -o "$OUT/capi/bin/$name" -L "${CARGO_TARGET_DIR:-target}/release" \
+    -lgpuio_capi -lpthread -ldl -Wl,-rpath,'$ORIGIN/../lib'
+done
+strip "$OUT"/capi/lib/* "$OUT"/capi/bin/*
 mkdir -p "$OUT/peers" && cp scripts/peers/*.py "$OUT/peers/"
 # A static fio (the GPU machine has none) for `gpuio bench --compare` there.
 if fio_bin=$(bash scripts/fio.sh build 2>/dev/null); then
@@ -164,6 +185,51 @@ for v in "defer" "defer handoff" "defer peers16"; do
   # shellcheck disable=SC2086
   TABLE+=("$(./bin/uring_ceiling "$F" 64 3 $v 2>&1 | tail -1)")
 done
+
+# ---- the C API (CAPI=0 skips): its C test programs (device memory included; each prints
+# PASS or why it skipped), the C example and the C++ wrapper, and C async read throughput next
+# to gpuio bench on the same file with the same settings, alternating (CAPI_ROUNDS, default 3).
+if [ "${CAPI:-1}" = 1 ]; then
+  for t in capi/bin/sync capi/bin/async capi/bin/batch capi/bin/errors capi/bin/pending \
+           capi/bin/threads capi/bin/device; do
+    name=$(basename "$t")
+    dir=$(mktemp -d "$GPUIO_TEST_DIR/capi-XXXXXX")
+    start=$(date +%s)
+    if timeout "${TEST_TIMEOUT:-240}" "$t" "$dir" > "$LOGS/capi-$name.log" 2>&1 \
+       && grep -qx "PASS $name" "$LOGS/capi-$name.log"; then status=PASS; else status=FAIL; fi
+    TABLE+=("$(printf '%-34s %-5s %4ss  %s' "capi:$name" "$status" "$(( $(date +%s) - start ))" \
+      "$(grep -m1 -E '^(SKIPPED|FAIL)' "$LOGS/capi-$name.log")")")
+    rm -rf "$dir"
+  done
+  C="$GPUIO_TEST_DIR/capi.bin"
+  head -c 1G "$F" > "$C"
+  ./capi/bin/read_file "$C" > "$LOGS/capi-read_file.txt" 2>&1
+  TABLE+=("capi read_file rc=$?")
+  while read -r l; do TABLE+=("capi read_file $l"); done < <(grep -E '^(host|device):' "$LOGS/capi-read_file.txt")
+  ./capi/bin/raii "$C" > "$LOGS/capi-raii.txt" 2>&1
+  TABLE+=("capi raii (C++) rc=$?: $(grep -E '^async:' "$LOGS/capi-raii.txt")")
+  rm -f "$C"
+  # label|gpuio bench args|throughput args (the same settings)
+  while IFS='|' read -r label bargs cargs; do
+    [ -z "$label" ] && continue
+    for r in $(seq 1 "${CAPI_ROUNDS:-3}"); do
+      case "$label" in warm*) cat "$F" > /dev/null ;; *) drop_caches ;; esac
+      # shellcheck disable=SC2086
+      b=$(./bin/gpuio bench --file "$F" --size 4G $bargs --seconds 4 --json 2>>"$LOGS/bench-err.log" \
+        | tail -n 1 | python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["gbps"])' 2>/dev/null)
+      case "$label" in warm*) ;; *) drop_caches ;; esac
+      # shellcheck disable=SC2086
+      c=$(./capi/bin/throughput "$F" $cargs --seconds 4 2>>"$LOGS/capi-throughput.err" \
+        | tee -a "$LOGS/capi-throughput.txt" | sed -nE 's/.*: ([0-9.]+) GB\/s$/\1/p')
+      TABLE+=("$(printf '%-40s' "capi $label #$r") C async ${c:-FAILED} GB/s, gpuio bench ${b:-FAILED} GB/s, C/bench $(python3 -c "print('%.3f' % ($c / $b))" 2>/dev/null || echo n/a)")
+    done
+  done <<EOF_CAPI
+warm 1M qd32 to host|--bs 1M --qd 32|--bs 1048576 --qd 32
+warm 16M qd8 to gpu|--bs 16M --qd 8 --to gpu|--bs 16777216 --qd 8 --gpu 0
+O_DIRECT 1M qd32 to host|--bs 1M --qd 32 --direct|--bs 1048576 --qd 32 --direct
+O_DIRECT 4M qd16 to gpu|--bs 4M --qd 16 --direct --to gpu|--bs 4194304 --qd 16 --direct --gpu 0
+EOF_CAPI
+fi
 
 # ---- phase B: give cuFile its udev data, then require it
 d=$(mountpoint -d "$(df --output=target "$GPUIO_TEST_DIR" | tail -1)")

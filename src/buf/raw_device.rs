@@ -69,8 +69,8 @@ impl RawDeviceSlice {
         // SAFETY: the driver writes one int for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL into
         // `ordinal`, which outlives the call; any address may be asked about.
         let r = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut ordinal as *mut i32).cast(),
+            attribute(
+                &mut ordinal,
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                 ptr,
             )
@@ -130,7 +130,11 @@ impl RawDeviceSlice {
         Context::op(OpKind::Setup).with_backend("cuda")
     }
 
-    /// Asks the driver about the first and last byte: device or managed memory, on our GPU.
+    /// Asks the driver about the range: it starts in device (or managed) memory, and every
+    /// allocation it passes through, from the first byte to the last, is memory of our GPU.
+    /// Walking allocation by allocation accepts a range over several contiguous mappings (torch's
+    /// expandable segments map a tensor's memory piecewise) and refuses one whose end runs into
+    /// unmapped memory or another GPU's.
     fn check(&self) -> Result<()> {
         if self.len == 0 {
             return Ok(());
@@ -139,15 +143,15 @@ impl RawDeviceSlice {
             .context()
             .bind_to_thread()
             .map_err(|e| Error::cuda(Self::ctx(), e))?;
-        let last = self.ptr.checked_add(self.len as u64 - 1).ok_or_else(|| {
+        let end = self.ptr.checked_add(self.len as u64).ok_or_else(|| {
             Error::invalid(Self::ctx(), "device address range overflows".to_string())
         })?;
         let mut kind: u32 = 0;
-        // SAFETY: the driver writes one unsigned int for CU_POINTER_ATTRIBUTE_MEMORY_TYPE into
-        // `kind`, which outlives the call; any address may be asked about.
+        // SAFETY: CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes one unsigned int into `kind`, which
+        // outlives the call; the driver only looks the address up, never touches its memory.
         let r = unsafe {
-            sys::cuPointerGetAttribute(
-                (&mut kind as *mut u32).cast(),
+            attribute(
+                &mut kind,
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                 self.ptr,
             )
@@ -163,12 +167,23 @@ impl RawDeviceSlice {
                 ),
             ));
         }
-        for at in [self.ptr, last] {
+        let mut at = self.ptr;
+        loop {
+            let (start, size) = allocation_of(at).map_err(|r| {
+                Error::invalid(
+                    Self::ctx(),
+                    format!(
+                        "device range {:#x} + {} bytes runs past its allocation (no device \
+                         memory at {at:#x}: driver {r:?})",
+                        self.ptr, self.len
+                    ),
+                )
+            })?;
             let mut ordinal: i32 = -1;
-            // SAFETY: as above, one int for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL.
+            // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one int into `ordinal`.
             let r = unsafe {
-                sys::cuPointerGetAttribute(
-                    (&mut ordinal as *mut i32).cast(),
+                attribute(
+                    &mut ordinal,
                     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                     at,
                 )
@@ -177,17 +192,58 @@ impl RawDeviceSlice {
                 return Err(Error::invalid(
                     Self::ctx(),
                     format!(
-                        "device range {:#x}..{:#x} is not all memory of GPU {} (byte {at:#x}: \
+                        "device range {:#x}..{end:#x} is not all memory of GPU {} (byte {at:#x}: \
                          driver {r:?}, GPU {ordinal})",
-                        self.ptr,
-                        last + 1,
-                        self.ordinal
+                        self.ptr, self.ordinal
                     ),
                 ));
             }
+            let alloc_end = start.saturating_add(size);
+            if alloc_end >= end || alloc_end <= at {
+                return Ok(());
+            }
+            at = alloc_end;
         }
-        Ok(())
     }
+}
+
+/// One pointer attribute of `ptr`, written into `value`.
+///
+/// # Safety
+/// `attr` must be an attribute whose value the driver writes as one `T`.
+unsafe fn attribute<T>(value: &mut T, attr: sys::CUpointer_attribute, ptr: u64) -> sys::CUresult {
+    // SAFETY: `value` is a live, writable `T` for the call; the caller guarantees the driver
+    // writes exactly one `T` for `attr`. The driver only looks `ptr` up, never dereferences it.
+    unsafe { sys::cuPointerGetAttribute((value as *mut T).cast(), attr, ptr) }
+}
+
+/// The start and size of the allocation (or mapping) holding `ptr`, or the driver's refusal.
+fn allocation_of(ptr: u64) -> std::result::Result<(u64, u64), sys::CUresult> {
+    let mut start: CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: RANGE_START_ADDR writes one CUdeviceptr.
+    let r = unsafe {
+        attribute(
+            &mut start,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(r);
+    }
+    // SAFETY: RANGE_SIZE writes one size_t.
+    let r = unsafe {
+        attribute(
+            &mut size,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+            ptr,
+        )
+    };
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(r);
+    }
+    Ok((start, size as u64))
 }
 
 impl DeviceDst for RawDeviceSlice {
