@@ -79,12 +79,12 @@ fetch_source() {
     local src="$TREE"
     if [[ -f "$src/spdk/include/spdk/version.h" ]]; then return; fi
     local tarball
-    tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1)
+    tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1 || true)
     if [[ -z "$tarball" ]]; then
         # shellcheck source=scripts/debian-source.sh
         source "$(dirname "${BASH_SOURCE[0]}")/debian-source.sh"
         debian_source_download "$WORK" trixie ceph
-        tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1)
+        tarball=$(ls "$WORK"/dl/ceph_*.orig.tar.xz 2>/dev/null | head -1 || true)
     fi
     [[ -n "$tarball" ]] || die "could not download the ceph source package (needs $MIRROR)"
     log "extracting SPDK from $(basename "$tarball")"

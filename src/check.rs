@@ -112,6 +112,13 @@ pub fn report(path: &Path) -> Result<Report> {
             .iter()
             .map(|l| format!("  {l}")),
     );
+    lines.push(format!(
+        "  residency-aware reads: on (EngineBuilder::residency_aware); reads of {} KiB or more \
+         of buffered files ask {} what the page cache holds, and read the ranges it lacks \
+         with O_DIRECT",
+        crate::plan::residency::RESIDENCY_MIN_READ >> 10,
+        crate::plan::residency::probe()
+    ));
 
     let probe = Probe::new(path, &meta);
     report_path(r.push("path"), path, &probe)?;

@@ -38,6 +38,21 @@ pub(crate) struct Access {
     pub(crate) direct: bool,
 }
 
+/// An O_DIRECT descriptor of a buffered file, for reads the page cache cannot serve.
+pub(crate) struct DirectTwin {
+    fd: OwnedFd,
+    /// Its alignment: direct pieces are planned on `align.offset`.
+    pub(crate) align: DirectAlignment,
+}
+
+/// Whether bounce slots (aligned to `MIN_SLOT`, pieces of up to `chunk` bytes) satisfy a
+/// direct-I/O alignment.
+fn bounce_pool_serves(a: &DirectAlignment, chunk: usize) -> bool {
+    a.memory as usize <= MIN_SLOT
+        && (a.offset as u64).is_power_of_two()
+        && a.offset as usize <= chunk.next_power_of_two()
+}
+
 /// What the reactor needs of a file; kept alive by every op until its I/O has completed.
 pub(crate) struct Target {
     /// The kernel descriptor (`None` for an NVMe namespace, whose I/O goes through SPDK).
@@ -47,6 +62,9 @@ pub(crate) struct Target {
     /// The NVMe namespace this "file" is, when opened with [`Engine::open_nvme`].
     pub(crate) nvme: Option<Arc<crate::spdk::ctrlr::Namespace>>,
     buffered: Option<OwnedFd>,
+    /// The O_DIRECT twin of a buffered file, opened on the first large read whose range the
+    /// page cache lacks (`None` inside: the filesystem refuses O_DIRECT or its alignment).
+    direct: std::sync::OnceLock<Option<DirectTwin>>,
     /// The cuFile registration (or why there is none), made on the first device transfer.
     #[cfg(feature = "cuda")]
     gds: std::sync::OnceLock<std::result::Result<crate::gds::FileGds, String>>,
@@ -135,10 +153,7 @@ impl Target {
                 .ok_or_else(|| {
                     Error::unsupported(ctx(), "the filesystem reports no direct-I/O support")
                 })?;
-            if a.memory as usize > MIN_SLOT
-                || !(a.offset as u64).is_power_of_two()
-                || a.offset as usize > chunk_size.next_power_of_two()
-            {
+            if !bounce_pool_serves(&a, chunk_size) {
                 return Err(Error::unsupported(
                     ctx(),
                     format!(
@@ -176,6 +191,7 @@ impl Target {
             fence_key,
             nvme: None,
             buffered,
+            direct: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             gds: std::sync::OnceLock::new(),
             path,
@@ -238,6 +254,7 @@ impl Target {
             fence_key: nvme_fence_key(&path),
             nvme: Some(Arc::new(ns)),
             buffered: None,
+            direct: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             gds: std::sync::OnceLock::new(),
             path,
@@ -254,6 +271,40 @@ impl Target {
     /// sends to SPDK and never to the kernel).
     pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.as_ref().map_or(-1, AsRawFd::as_raw_fd)
+    }
+
+    /// The O_DIRECT twin of this buffered file, opened on first use, if the filesystem takes
+    /// O_DIRECT with an alignment the bounce pool serves for pieces of `chunk` bytes. Reads
+    /// only: the twin is opened read-only, and only for readable, buffered regular files and
+    /// block devices.
+    pub(crate) fn direct_twin(&self, chunk: usize) -> Option<&DirectTwin> {
+        if self.dio.is_some() || !self.readable {
+            return None;
+        }
+        let fd = self.fd.as_ref()?;
+        self.direct
+            .get_or_init(|| {
+                // Through /proc/self/fd: the same inode even if the path was renamed or
+                // replaced since the open.
+                let twin = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_CLOEXEC | libc::O_DIRECT)
+                    .open(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .ok()?;
+                let twin = OwnedFd::from(twin);
+                let (_, key) = file_type_and_key(twin.as_fd()).ok()?;
+                let align = align::query(twin.as_fd()).ok()??;
+                (key == self.fence_key && bounce_pool_serves(&align, chunk))
+                    .then_some(DirectTwin { fd: twin, align })
+            })
+            .as_ref()
+    }
+
+    pub(crate) fn direct_raw_fd(&self) -> RawFd {
+        self.direct
+            .get()
+            .and_then(Option::as_ref)
+            .map_or_else(|| self.raw_fd(), |t| t.fd.as_raw_fd())
     }
 
     pub(crate) fn buffered_raw_fd(&self) -> RawFd {
@@ -397,6 +448,7 @@ impl Target {
             fence_key: FileKey { dev: 0, ino: 0 },
             nvme: None,
             buffered: None,
+            direct: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             gds: std::sync::OnceLock::new(),
             path: Arc::from(Path::new("")),
@@ -419,6 +471,7 @@ impl Target {
             fence_key: FileKey { dev: u64::MAX, ino },
             nvme: None,
             buffered: None,
+            direct: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             gds: std::sync::OnceLock::new(),
             path: Arc::from(Path::new("fake")),

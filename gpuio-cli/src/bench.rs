@@ -317,6 +317,9 @@ async fn measure(
     if let Some(w) = a.iowq_workers {
         builder = builder.iowq_workers(w);
     }
+    if a.no_residency {
+        builder = builder.residency_aware(false);
+    }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {
         base.direct_chunk

@@ -34,6 +34,7 @@ pub struct EngineBuilder {
     backend: Backend,
     pread_threads: Option<usize>,
     punt_min: Option<usize>,
+    residency_aware: bool,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -56,6 +57,7 @@ impl Default for EngineBuilder {
             backend: Backend::Auto,
             pread_threads: None,
             punt_min: Some(64 << 10),
+            residency_aware: true,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -227,6 +229,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether large reads of buffered files ask the page cache what it holds first (default
+    /// on): ranges it mostly lacks are read with O_DIRECT through a second descriptor, at the
+    /// disk's direct rate, and ranges it holds are copied from it, so a cold file loads at
+    /// depth and a warm one at copy speed with no flag on the file. Reads of at least
+    /// [`RESIDENCY_MIN_READ`](crate::plan::residency::RESIDENCY_MIN_READ) bytes, on the
+    /// io_uring and pread paths; O_DIRECT files, cuFile, SPDK and owned reads are unaffected.
+    /// Off: every read of a buffered file goes through the page cache (and fills it).
+    pub fn residency_aware(mut self, on: bool) -> Self {
+        self.residency_aware = on;
+        self
+    }
+
     /// How long the reactor keeps looking for new requests and completions, without sleeping,
     /// after its last piece of work while operations are open (default: no spin). A sleeping
     /// reactor costs small requests thread wake-ups; spinning trades up to one core for them.
@@ -341,6 +355,9 @@ impl EngineBuilder {
             direct_chunk: sizing.direct_chunk,
             queue_depth: qd,
             punt_min: self.punt_min,
+            residency_min: self
+                .residency_aware
+                .then_some(crate::plan::residency::RESIDENCY_MIN_READ),
             spin: self.reactor_spin,
             tick: self.reactor_tick,
             pool_wait_limit: self.pool_wait_limit,

@@ -68,8 +68,9 @@ pub(crate) struct LaneIo<'a> {
     pub(crate) token: u64,
     pub(crate) kind: IoKind,
     pub(crate) target: &'a Target,
-    /// The file's direct descriptor, or its buffered twin (unaligned edges of O_DIRECT writes;
-    /// for SPDK: a write covering part of its sectors, read-modify-written).
+    /// The file's descriptor, its buffered twin (unaligned edges of O_DIRECT writes; for SPDK:
+    /// a write covering part of its sectors, read-modify-written), or its O_DIRECT twin (reads
+    /// of a buffered file's ranges the page cache lacks).
     pub(crate) via: Via,
     pub(crate) pos: u64,
     pub(crate) len: usize,
@@ -84,6 +85,7 @@ impl LaneIo<'_> {
         let fd = match self.via {
             Via::Main => self.target.raw_fd(),
             Via::Buffered => self.target.buffered_raw_fd(),
+            Via::Direct => self.target.direct_raw_fd(),
         };
         let (buf, fixed) = match self.mem {
             LaneMem::Host { ptr, fixed } => (ptr, fixed),

@@ -16,6 +16,7 @@
 //! and overlap pages concurrently should align their own writes to pages.
 
 pub mod align;
+pub mod residency;
 pub mod sizing;
 
 /// Which descriptor of a file a piece goes through.
@@ -25,6 +26,9 @@ pub(crate) enum Via {
     Main,
     /// The buffered twin of an O_DIRECT file (unaligned write edges).
     Buffered,
+    /// The O_DIRECT twin of a buffered file: read pieces the page cache mostly lacks
+    /// ([`residency`]).
+    Direct,
 }
 
 /// One I/O: `len` bytes at file position `pos`.

@@ -140,6 +140,7 @@ mod tests {
             direct_chunk: chunk,
             queue_depth: qd,
             punt_min: None,
+            residency_min: None,
             spin: Duration::ZERO,
             tick: Duration::ZERO,
             pool_wait_limit: Duration::from_secs(5),

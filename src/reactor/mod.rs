@@ -115,6 +115,9 @@ pub(crate) struct ReactorConfig {
     pub(crate) queue_depth: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
+    /// Reads of buffered files of at least this many bytes read what the page cache lacks
+    /// with O_DIRECT (`plan::residency`); `None`: off.
+    pub(crate) residency_min: Option<u64>,
     /// Keep polling this long after the last work while operations are open (0: sleep at once).
     pub(crate) spin: Duration,
     /// Sleep at most this long while I/O is in the kernel (0: until woken).

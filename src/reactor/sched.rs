@@ -6,7 +6,22 @@ use crate::buf::arena::BounceSlot;
 use crate::error::{Error, OpKind};
 use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem};
 use crate::op::ReadyPiece;
-use crate::plan::{Piece, Via};
+use crate::plan::{Piece, Via, residency};
+use crate::target::Target;
+use std::os::fd::AsFd;
+
+/// Which descriptor a piece of a residency-aware read goes through: the O_DIRECT twin where
+/// the page cache lacks a quarter or more of it, else the buffered descriptor (also when the
+/// kernel cannot say).
+fn residency_via(file: &Target, piece: Piece) -> Via {
+    let Some(fd) = file.fd.as_ref() else {
+        return Via::Main;
+    };
+    match residency::estimate(fd.as_fd(), piece.pos, piece.len as u64) {
+        Ok(r) if r.prefers_direct() => Via::Direct,
+        _ => Via::Main,
+    }
+}
 
 impl Reactor {
     /// Starts pieces while the queue depth and the bounce pool allow.
@@ -35,10 +50,13 @@ impl Reactor {
                 self.maybe_finish(key);
                 continue;
             }
-            let (piece, retried) = match op.retry.last() {
+            let (mut piece, retried) = match op.retry.last() {
                 Some(p) => (*p, true),
                 None => (op.plan.piece(op.next), false),
             };
+            if op.residency && !retried {
+                piece.via = residency_via(&op.file, piece);
+            }
             if !retried && op.kind == OpKind::Read && op.eof_at.is_some_and(|e| piece.pos >= e) {
                 // Past a known end of file: nothing to read.
                 op.next += 1;
@@ -232,7 +250,11 @@ impl Reactor {
         };
         // Buffered pieces large enough to be worth a kernel worker go to io-wq, so page-cache
         // hits are copied by many threads; small ones stay inline (a punt costs a switch).
-        let buffered = io.piece.via == Via::Buffered || file.align == 1;
+        let buffered = match io.piece.via {
+            Via::Buffered => true,
+            Via::Main => file.align == 1,
+            Via::Direct => false,
+        };
         let punt =
             self.cfg.punt_min.is_some_and(|m| buffered && len >= m) && io.kind != IoKind::Fsync;
         let lane_io = LaneIo {

@@ -2,6 +2,7 @@
 //! ops (slots coming back, filled write slots, cancellation, shutdown), and finishing an op
 //! once nothing of it is outstanding.
 
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -13,7 +14,7 @@ use crate::op::OpShared;
 use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
-use crate::plan::{Piece, ReadPlan, Via, WritePlan};
+use crate::plan::{Piece, ReadPlan, Via, WritePlan, residency};
 use crate::target::Target;
 
 /// The pieces an op is split into.
@@ -94,6 +95,9 @@ pub(super) struct OpEntry {
     pub(super) owned: Option<OwnedTarget>,
     /// The result an awaited op's gate delivered (`Plan::Await`).
     pub(super) awaited: Option<u64>,
+    /// Each piece goes direct or buffered by what the page cache holds of it (a buffered
+    /// file's large read planned on its O_DIRECT twin's alignment).
+    pub(super) residency: bool,
 }
 
 impl OpEntry {
@@ -273,7 +277,7 @@ impl Reactor {
         };
         // Page-cache copies and disk (or DMA) transfers want different piece sizes
         // (`plan::sizing`).
-        let chunk = match &file.nvme {
+        let mut chunk = match &file.nvme {
             Some(ns) => {
                 backend = "spdk";
                 ns.chunk(self.cfg.direct_chunk)
@@ -281,6 +285,26 @@ impl Reactor {
             None if gds || file.dio.is_some() => self.cfg.direct_chunk,
             None => self.cfg.buffered_chunk,
         };
+        // A large read of a buffered file the page cache does not wholly hold is planned on
+        // the O_DIRECT twin's alignment and chunk; each piece then goes direct or buffered by
+        // what the cache holds of it when it starts (`sched`).
+        let residency = kind == OpKind::Read
+            && !gds
+            && owned.is_none()
+            && self.cfg.residency_min.is_some_and(|m| len >= m)
+            && file.dio.is_none()
+            && file.nvme.is_none()
+            && file.fd.as_ref().is_some_and(|fd| {
+                residency::estimate(fd.as_fd(), offset, len).is_ok_and(|r| !r.all_cached())
+            })
+            && match file.direct_twin(self.cfg.direct_chunk) {
+                Some(twin) => {
+                    align = align.max(u64::from(twin.align.offset));
+                    chunk = self.cfg.direct_chunk;
+                    true
+                }
+                None => false,
+            };
         let plan = match kind {
             OpKind::Read => ReadPlan::new(offset, len, align, chunk).map(Plan::Read),
             OpKind::Write => WritePlan::new(offset, len, write_align, chunk).map(Plan::Write),
@@ -323,6 +347,7 @@ impl Reactor {
             retry: Vec::new(),
             owned,
             awaited: None,
+            residency,
         });
         shared.key.store(key, Ordering::Relaxed);
         if empty {
@@ -370,6 +395,7 @@ impl Reactor {
             retry: Vec::new(),
             owned: None,
             awaited: None,
+            residency: false,
         });
         shared.key.store(key, Ordering::Relaxed);
         // Queued on the stream already, so taken even while shutting down: shutdown waits for

@@ -141,6 +141,10 @@ pub struct BenchArgs {
     /// core; 0: the kernel's limit).
     #[arg(long, value_name = "N")]
     pub(crate) iowq_workers: Option<u32>,
+    /// Read every piece of a buffered file through the page cache, cached or not (default:
+    /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
+    #[arg(long)]
+    pub(crate) no_residency: bool,
     /// Seconds to run each point (at most a year).
     #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
     pub(crate) seconds: f64,
