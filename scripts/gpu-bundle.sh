@@ -2,8 +2,9 @@
 # Builds everything a GPU machine without a Rust toolchain needs to run gpuio's tests and
 # benchmarks: release test binaries, the gpuio CLI and the examples, stripped, plus a runner.
 #
-#   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle (git-ignored)
-#   # copy DIR to the GPU machine, then:  DIR/run.sh
+#   scripts/gpu-bundle.sh [DIR]        # default DIR: gpu-bundle (git-ignored), and DIR.tar.gz
+#   # copy DIR (or DIR.tar.gz, unpacked) to the GPU machine, then:  DIR/run.sh
+#   # the data-path rows (issue 20) alone:                          DIR/datapath.sh
 #
 # run.sh runs every test binary (device tests included), the C API's test programs and its
 # throughput next to `gpuio bench` (CAPI=0 skips them), the Python package's pytest suite
@@ -62,6 +63,7 @@ for src in gpuio-capi/tests/c/*.c examples/c/*.c examples/c/*.cpp; do
 done
 strip "$OUT"/capi/lib/* "$OUT"/capi/bin/*
 mkdir -p "$OUT/peers" && cp scripts/peers/*.py "$OUT/peers/"
+cp scripts/gpu-datapath.sh "$OUT/datapath.sh"
 # A static fio (the GPU machine has none) for `gpuio bench --compare` there.
 if fio_bin=$(bash scripts/fio.sh build 2>/dev/null); then
   cp "$fio_bin" "$OUT/bin/fio"
@@ -411,3 +413,7 @@ printf '%s\n' "${TABLE[@]}"
 RUN
 chmod +x "$OUT/run.sh"
 du -sh "$OUT"
+# The device tool carries at most 64 MiB: a gzip'ed tarball beside the directory travels
+# instead (`tar xzf gpu-bundle.tar.gz && gpu-bundle/run.sh` there).
+tar -C "$(dirname "$OUT")" -czf "$OUT.tar.gz" "$(basename "$OUT")"
+du -sh "$OUT.tar.gz"

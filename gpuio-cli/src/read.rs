@@ -31,6 +31,18 @@ pub struct ReadArgs {
     /// Backend.
     #[arg(long, default_value = "auto")]
     backend: Backend,
+    /// Read every piece through the page cache, cached or not (default: ranges the page
+    /// cache lacks are read with O_DIRECT; `EngineBuilder::residency_aware`).
+    #[arg(long)]
+    no_residency: bool,
+}
+
+/// The engine `gpuio read` runs on: the chosen backend, residency-aware unless told not.
+fn engine(a: &ReadArgs) -> gpuio::Result<Engine> {
+    Engine::builder()
+        .backend(a.backend)
+        .residency_aware(!a.no_residency)
+        .build()
 }
 
 /// Bytes per read request. A multiple of 8, so that every window starts a new 8-byte word of
@@ -41,9 +53,9 @@ const DEPTH: usize = 4;
 
 pub async fn run(a: ReadArgs) -> CliResult {
     if let Some(ctx) = a.to.cuda()? {
-        return read_gpu(a.path, a.direct, ctx, a.backend).await;
+        return read_gpu(&a, ctx).await;
     }
-    let engine = Engine::builder().backend(a.backend).build()?;
+    let engine = engine(&a)?;
     let file = OpenOptions::new()
         .read(true)
         .direct(a.direct)
@@ -126,12 +138,11 @@ fn sum64_bytes(acc: u64, bytes: &[u8]) -> u64 {
 
 /// `gpuio read --to gpu`: the whole file into one device buffer, timed until the copies land.
 async fn read_gpu(
-    path: PathBuf,
-    direct: bool,
+    a: &ReadArgs,
     ctx: std::sync::Arc<gpuio::cuda::cudarc::driver::CudaContext>,
-    backend: Backend,
 ) -> CliResult {
-    let engine = Engine::builder().backend(backend).build()?;
+    let (path, direct) = (a.path.clone(), a.direct);
+    let engine = engine(a)?;
     let file = OpenOptions::new()
         .read(true)
         .direct(direct)
