@@ -44,9 +44,14 @@ pub const BUFFERED_CHUNK: usize = 2 << 20;
 /// Bytes one O_DIRECT (or cuFile, or NVMe) piece moves by default: the disks measured reach
 /// their sequential rate at 1–4 MiB requests, 4 MiB with the fewest in flight.
 pub const DIRECT_CHUNK: usize = 4 << 20;
-/// Bounce memory at least this large whatever the core count (the pre-sizing default, which
-/// holds 32 direct pieces: enough for the disks measured).
+/// Bounce memory at least this large whatever the core count (the pre-sizing default).
 pub const MIN_BOUNCE_BYTES: usize = 128 << 20;
+/// Direct pieces one op should keep in flight: the depth at which the disks measured reach
+/// their sequential rate (4 MiB at QD16 on the H100 VM's disk). One op may hold a quarter of
+/// the pool (the reactor's per-op window, which bounds what a leaked future can take), so the
+/// pool is at least four times this many direct pieces: one large read (a checkpoint's data
+/// section, a whole file) then reads at the disk's depth on its own.
+pub const DIRECT_DEPTH_PER_OP: usize = 16;
 /// Bounce memory at most this large by default (pinned memory is the machine's to share).
 pub const MAX_BOUNCE_BYTES: usize = 1 << 30;
 
@@ -77,7 +82,7 @@ impl Sizing {
         let cores = m.cores.max(1);
         // Each copying core wants two pieces: one being copied, one whose slot is on its way
         // back (device copy in flight, or the future about to copy it out).
-        let wanted = 4 * cores * BUFFERED_CHUNK;
+        let wanted = (4 * cores * BUFFERED_CHUNK).max(4 * DIRECT_DEPTH_PER_OP * DIRECT_CHUNK);
         let mem_cap = if m.memory == 0 {
             MAX_BOUNCE_BYTES
         } else {
@@ -110,9 +115,12 @@ impl Sizing {
             ),
             format!(
                 "bounce pool {} MiB: two buffered pieces in flight per core and two more on their \
-                 way back (4 x {cores} x {} KiB), at least {} MiB, at most {} MiB or 1/32 of memory",
+                 way back (4 x {cores} x {} KiB), and room for one op's quarter of the pool to \
+                 hold {DIRECT_DEPTH_PER_OP} direct pieces (4 x {DIRECT_DEPTH_PER_OP} x {} KiB), \
+                 at least {} MiB, at most {} MiB or 1/32 of memory",
                 bounce_bytes >> 20,
                 BUFFERED_CHUNK >> 10,
+                DIRECT_CHUNK >> 10,
                 MIN_BOUNCE_BYTES >> 20,
                 MAX_BOUNCE_BYTES >> 20
             ),
@@ -164,7 +172,8 @@ mod tests {
             cores: 2,
             memory: 24 << 30,
         });
-        assert_eq!(s.bounce_bytes, MIN_BOUNCE_BYTES);
+        // One op's quarter of the pool holds the direct depth.
+        assert_eq!(s.bounce_bytes, 4 * DIRECT_DEPTH_PER_OP * DIRECT_CHUNK);
         assert_eq!(s.queue_depth, 64);
         assert_eq!(s.iowq_workers, Some(4));
         assert_eq!(s.block(), DIRECT_CHUNK);

@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
     EXPECT_ERR(gpuio_read(file, &d, 0, &n), GPUIO_ERR_INVALID, "runs past its allocation");
     d = device_buffer((cu_ptr)(uintptr_t)host, 100, NULL);
     EXPECT_ERR(gpuio_read(file, &d, 0, &n), GPUIO_ERR_INVALID,
-               "is not device memory the CUDA driver knows");
+               "is not CUDA device memory");
     d = device_buffer(dev, 100, NULL);
     d.device = 99;
     EXPECT_ERR(gpuio_read(file, &d, 0, &n), GPUIO_ERR_UNSUPPORTED, "no GPU 99");

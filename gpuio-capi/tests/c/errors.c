@@ -107,7 +107,7 @@ int main(int argc, char **argv) {
         printf("ok error GPUIO_ERR_UNSUPPORTED: %s\n", gpuio_last_error());
     } else {
         EXPECT(st == GPUIO_ERR_INVALID);
-        EXPECT(strstr(gpuio_last_error(), "is not device memory the CUDA driver knows"));
+        EXPECT(strstr(gpuio_last_error(), "is not CUDA device memory"));
         printf("ok error GPUIO_ERR_INVALID: %s\n", gpuio_last_error());
     }
 
