@@ -34,8 +34,16 @@ pub(crate) fn probe_library() -> Result<(String, String), String> {
             .map(|s| (s.lib.path.display().to_string(), s.lib.version.clone()))
             .map_err(Clone::clone);
     }
-    let lib = sys::load()?;
-    Ok((lib.path.display().to_string(), lib.version.clone()))
+    // Kept for the process: loading ran SPDK's and DPDK's constructors, whose registrations
+    // (allocated, and kept in the library's globals) its destructors do not all undo; a
+    // dlclose would leave them unreachable (LeakSanitizer reports them) on every probe. Later
+    // loads of the same path only take another reference.
+    static PROBED: OnceLock<Result<SpdkLib, String>> = OnceLock::new();
+    PROBED
+        .get_or_init(sys::load)
+        .as_ref()
+        .map(|lib| (lib.path.display().to_string(), lib.version.clone()))
+        .map_err(Clone::clone)
 }
 
 fn start_env(lib: &SpdkLib) -> Result<(), String> {
