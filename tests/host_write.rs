@@ -132,3 +132,21 @@ async fn direct_writes_with_one_block_chunks() {
         assert_eq!(&on_disk[..], &model[..on_disk.len()], "direct={direct}");
     }
 }
+
+/// The machine-sized pool with the smallest chunk: 256 MiB of 4 KiB blocks would be 65 536
+/// slots, one more than the slot table indexes; the default pool stops at the table's size
+/// instead of refusing to build (found by `gpuio cp --chunk 4K`).
+#[tokio::test]
+async fn the_default_pool_fits_the_slot_table_with_one_block_chunks() {
+    let builder = gpuio::Engine::builder().chunk_size(4096);
+    let sizing = builder.sizing();
+    assert!(sizing.bounce_bytes / sizing.block() <= u16::MAX as usize);
+    let engine = builder.build().unwrap();
+    let dir = tmpdir();
+    let path = dir.path().join("f");
+    std::fs::write(&path, pattern(1 << 20, 3)).unwrap();
+    let f = engine.open(&path).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    assert_eq!(f.read_into(&mut buf[..], 0).await.unwrap(), 1 << 20);
+    assert!(buf == pattern(1 << 20, 3));
+}

@@ -157,7 +157,9 @@ impl EngineBuilder {
                     block >> 10
                 ));
             }
-            None => s.bounce_bytes = s.bounce_bytes.div_ceil(block) * block,
+            // Whole blocks, and no more than the slot table indexes (tiny chunks, such as
+            // `gpuio cp --chunk 4K`, make small blocks).
+            None => s.bounce_bytes = s.bounce_bytes.div_ceil(block).min(u16::MAX as usize) * block,
         }
         s
     }
