@@ -197,6 +197,11 @@ typedef struct gpuio_engine_settings {
   // Buffered pieces of at least this many bytes go to io_uring's worker pool (0: 64 KiB;
   // `UINT64_MAX`: none, every copy inline on the reactor).
   uint64_t async_copy_threshold;
+  // Nonzero: every read of a buffered file goes through the page cache. 0 (the default):
+  // reads of 256 KiB or more ask the kernel what the page cache holds and read the ranges
+  // it mostly lacks with O_DIRECT (cold files at the disk's direct rate, leaving the page
+  // cache as it was).
+  uint32_t no_residency;
 } gpuio_engine_settings;
 
 // What an engine created with given settings runs with on this machine

@@ -50,6 +50,11 @@ pub struct gpuio_engine_settings {
     /// Buffered pieces of at least this many bytes go to io_uring's worker pool (0: 64 KiB;
     /// `UINT64_MAX`: none, every copy inline on the reactor).
     pub async_copy_threshold: u64,
+    /// Nonzero: every read of a buffered file goes through the page cache. 0 (the default):
+    /// reads of 256 KiB or more ask the kernel what the page cache holds and read the ranges
+    /// it mostly lacks with O_DIRECT (cold files at the disk's direct rate, leaving the page
+    /// cache as it was).
+    pub no_residency: u32,
 }
 
 /// What an engine handle holds.
@@ -129,6 +134,9 @@ fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
         0 => {}
         u64::MAX => b = b.async_copy_threshold(None),
         n => b = b.async_copy_threshold(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    }
+    if s.no_residency != 0 {
+        b = b.residency_aware(false);
     }
     Ok(b)
 }

@@ -19,7 +19,9 @@ use crate::runner::{block, spawn};
 /// ``buffered_chunk_size``, ``direct_chunk_size``, ``queue_depth``, ``iowq_workers``,
 /// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
-/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``. Bad settings raise
+/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
+/// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
+/// False sends everything through the page cache). Bad settings raise
 /// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct Engine {
@@ -38,7 +40,7 @@ impl Engine {
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
-        reactor_spin = None, reactor_tick = None))]
+        reactor_spin = None, reactor_tick = None, residency_aware = true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -57,6 +59,7 @@ impl Engine {
         cufile_compat: bool,
         reactor_spin: Option<f64>,
         reactor_tick: Option<f64>,
+        residency_aware: bool,
     ) -> PyResult<Self> {
         let backend: gpuio::Backend = backend
             .parse()
@@ -64,7 +67,8 @@ impl Engine {
         let mut b = gpuio::Engine::builder()
             .backend(backend)
             .spdk_memory(spdk_memory)
-            .cufile_compat(cufile_compat);
+            .cufile_compat(cufile_compat)
+            .residency_aware(residency_aware);
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }

@@ -279,3 +279,50 @@ def test_file_properties(engine, data_file):
     assert repr(f) == f'gpuio.File("{path}", direct=False)'
     assert f.gds_status().split(" ")[0] in ("gds", "cufile-compat", "bounce")
     assert engine.backend in ("io_uring", "pread") and engine.backend_detail is not None
+
+
+def _cached_pages(path):
+    """(cached, pages) of the file by cachestat(2), or None where the kernel lacks it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        rng = (ctypes.c_uint64 * 2)(0, os.path.getsize(path))
+        out = (ctypes.c_uint64 * 5)()
+        if libc.syscall(451, fd, rng, out, 0) != 0:
+            return None
+        return out[0], (os.path.getsize(path) + 4095) // 4096
+    finally:
+        os.close(fd)
+
+
+def _cold(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("residency_aware", [True, False])
+def test_residency_aware_reads_leave_a_cold_file_uncached(data_file, residency_aware):
+    path, data = data_file
+    _cold(path)
+    before = _cached_pages(path)
+    if before is None or before[0] != 0:
+        pytest.skip(f"cannot see the page cache empty here (cachestat: {before})")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        os.close(fd)
+    except OSError as e:
+        pytest.skip(f"no O_DIRECT on this filesystem: {e}")
+    with gpuio.Engine(residency_aware=residency_aware) as e:
+        buf = bytearray(len(data))
+        assert e.open(path).read_into(buf) == len(data) and bytes(buf) == data
+    cached, pages = _cached_pages(path)
+    if residency_aware:
+        assert cached * 10 < pages, (cached, pages)
+    else:
+        assert cached == pages, (cached, pages)

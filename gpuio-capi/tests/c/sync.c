@@ -1,6 +1,38 @@
 /* Synchronous calls: engine settings, open flags, reads (whole, short at end of file, at end
  * of file, O_DIRECT at odd offsets), writes (and reading them back), size, fsync. */
+#include <sys/syscall.h>
+
 #include "common.h"
+
+/* Drops `path`'s pages, reads it whole with `e` into `buf` (checking the bytes), and returns
+ * how many of its pages the page cache holds afterwards (cachestat(2)); -1 where the cache
+ * cannot be seen empty first (no cachestat, a filesystem that keeps its pages, no O_DIRECT). */
+static long cold_then_cached_after(gpuio_engine *e, const char *path, unsigned char *buf,
+                                   size_t len) {
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return -1;
+    struct { uint64_t off, len; } range = {0, len};
+    uint64_t stat[5] = {0};
+    fsync(fd);
+    posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    int direct = open(path, O_RDONLY | O_DIRECT);
+    if (direct >= 0) close(direct);
+    if (direct < 0 || syscall(451, fd, &range, stat, 0) != 0 || stat[0] != 0) {
+        close(fd);
+        return -1;
+    }
+    gpuio_file *f = NULL;
+    size_t n = 0;
+    CHECK(gpuio_open(e, path, GPUIO_OPEN_READ, &f));
+    gpuio_buffer all = host_buffer(buf, len);
+    CHECK(gpuio_read(f, &all, 0, &n));
+    EXPECT(n == len);
+    expect_pattern(buf, 0, len);
+    CHECK(gpuio_close(f));
+    EXPECT(syscall(451, fd, &range, stat, 0) == 0);
+    close(fd);
+    return (long)stat[0];
+}
 
 int main(int argc, char **argv) {
     if (argc != 2) FAIL("usage: %s DIR", argv[0]);
@@ -116,6 +148,28 @@ int main(int argc, char **argv) {
     EXPECT(strstr(report, "gpuio ") && strstr(report, "io_uring"));
     printf("ok check report, %zu bytes:\n%s\n", report_len, report);
     free(report);
+
+    /* Residency-aware reads: a cold file read with the defaults stays out of the page cache
+     * (its pieces went O_DIRECT); with no_residency it is read through the page cache. */
+    for (int off = 0; off <= 1; off++) {
+        gpuio_engine_settings r;
+        memset(&r, 0, sizeof r);
+        r.no_residency = (uint32_t)off;
+        gpuio_engine *re = NULL;
+        CHECK(gpuio_engine_create(&r, &re));
+        long cached = cold_then_cached_after(re, path, buf, len);
+        CHECK(gpuio_engine_free(re));
+        if (cached < 0) {
+            printf("SKIPPED residency (no_residency=%d): the page cache cannot be seen empty "
+                   "here (tmpfs, no cachestat, or no O_DIRECT)\n", off);
+            continue;
+        }
+        long pages = (long)((len + 4095) / 4096);
+        if (off) EXPECT(cached == pages);
+        else EXPECT(cached * 10 < pages);
+        printf("ok residency no_residency=%d: %ld of %ld pages cached after the read\n", off,
+               cached, pages);
+    }
 
     CHECK(gpuio_engine_free(pread_engine));
     CHECK(gpuio_engine_free(engine));

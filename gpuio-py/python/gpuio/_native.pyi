@@ -51,6 +51,7 @@ class Engine:
         cufile_compat: bool = False,
         reactor_spin: Optional[float] = None,
         reactor_tick: Optional[float] = None,
+        residency_aware: bool = True,
     ) -> None: ...
     def open(
         self,
