@@ -66,14 +66,19 @@ cat "$F" > /dev/null
   row "warm to gpu [$envs $v]" "$(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.2f GB/s %.0f IOPS, %.1f cores" % (j["gbps"], j["iops"], j.get("cpu_cores", float("nan"))))' 2>/dev/null || echo "FAILED: $(tail -1 "$LOGS/dp-err.log")")"
 done <<EOF_V
 -|--bs 16M --qd 8
--|--bs 16M --qd 16
--|--bs 64M --qd 4
--|--bs 16M --qd 8 --reactor-spin-us 50
--|--bs 16M --qd 8 --chunk 1M
+-|--bs 16M --qd 8 --no-leases
 -|--bs 16M --qd 8
+-|--bs 16M --qd 8 --no-leases
+-|--bs 16M --qd 8
+-|--bs 16M --qd 8 --no-leases
+-|--bs 64M --qd 4
+-|--bs 64M --qd 4 --no-leases
+-|--bs 1M --qd 32
+-|--bs 1M --qd 32 --no-leases
 -|--bs 4K --qd 64 --pattern rand
+-|--bs 4K --qd 64 --pattern rand --lease-min 4K
 -|--bs 4K --qd 8 --pattern batch --batch 64
--|--bs 4K --qd 64 --pattern rand
+-|--bs 4K --qd 8 --pattern batch --batch 64 --lease-min 4K
 EOF_V
 for r in $(seq 1 "$R"); do
   j=$(./bin/gpuio bench --file "$F" --size 4G --bs 4K --qd 8 --pattern batch --batch 64 --to gpu --seconds "$S" --json 2>/dev/null | tail -1)
@@ -83,7 +88,7 @@ done
 # A cold 4 GiB file read whole into GPU memory, three ways, alternating; with BEFORE=DIR (a
 # directory holding an earlier build's gpuio and load_safetensors) that build's rows too.
 for r in $(seq 1 "$R"); do
-  for v in "" "--no-residency" "--direct"; do
+  for v in "" "--no-leases" "--no-residency" "--direct"; do
     drop_caches
     # shellcheck disable=SC2086
     row "cold read --to gpu [${v:-residency-aware}] #$r" "$(./bin/gpuio read "$F" --to gpu $v 2>&1 | tail -1)"

@@ -173,6 +173,8 @@ fn report_cuda(lines: &mut Vec<String>) {
             ));
             for (i, d) in c.devices.iter().enumerate() {
                 lines.push(format!("  gpu:{i} {d}"));
+                #[cfg(feature = "cuda")]
+                lines.push(format!("    device leases: {}", lease_support(i)));
             }
             lines.push(format!(
                 "  pinned host memory: the bounce pool is page-locked with cuMemHostRegister on \
@@ -184,6 +186,19 @@ fn report_cuda(lines: &mut Vec<String>) {
             "CUDA: not usable: {} (host-memory paths work; device destinations need a GPU)",
             err.as_deref().unwrap_or("no devices")
         )),
+    }
+}
+
+/// Whether reads into GPU `ordinal`'s memory can take device leases (the reactor then copies
+/// their pieces itself, batched), and if not, why.
+#[cfg(feature = "cuda")]
+fn lease_support(ordinal: usize) -> String {
+    match crate::cuda::lease_support(ordinal) {
+        Ok(how) => format!(
+            "yes: reads of {} KiB or more are copied by the reactor, {how}              (EngineBuilder::device_leases)",
+            crate::engine::DEFAULT_LEASE_MIN >> 10
+        ),
+        Err(why) => format!("no ({why}): each read's future issues its copies"),
     }
 }
 

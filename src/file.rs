@@ -323,6 +323,7 @@ impl File {
                         len,
                         device,
                         owned: None,
+                        lease: None,
                     },
                     _ => OpRequest::Write {
                         file,
@@ -571,6 +572,7 @@ impl File {
                 addr,
                 keep: owned.into_any(),
             }),
+            lease: None,
         };
         let mut fut = OpFuture::new(
             self.engine.shared().clone(),

@@ -202,6 +202,10 @@ typedef struct gpuio_engine_settings {
   // it mostly lacks with O_DIRECT (cold files at the disk's direct rate, leaving the page
   // cache as it was).
   uint32_t no_residency;
+  // Reads into device memory of at least this many bytes hold the destination's stream with
+  // a device lease and the reactor copies their pieces itself, batched (0: 64 KiB;
+  // `UINT64_MAX`: never, each read's own call path copies).
+  uint64_t lease_min;
 } gpuio_engine_settings;
 
 // What an engine created with given settings runs with on this machine

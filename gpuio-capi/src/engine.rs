@@ -55,6 +55,10 @@ pub struct gpuio_engine_settings {
     /// it mostly lacks with O_DIRECT (cold files at the disk's direct rate, leaving the page
     /// cache as it was).
     pub no_residency: u32,
+    /// Reads into device memory of at least this many bytes hold the destination's stream with
+    /// a device lease and the reactor copies their pieces itself, batched (0: 64 KiB;
+    /// `UINT64_MAX`: never, each read's own call path copies).
+    pub lease_min: u64,
 }
 
 /// What an engine handle holds.
@@ -137,6 +141,11 @@ fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
     }
     if s.no_residency != 0 {
         b = b.residency_aware(false);
+    }
+    match s.lease_min {
+        0 => {}
+        u64::MAX => b = b.device_leases(None),
+        n => b = b.device_leases(Some(usize::try_from(n).unwrap_or(usize::MAX))),
     }
     Ok(b)
 }

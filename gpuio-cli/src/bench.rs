@@ -320,6 +320,11 @@ async fn measure(
     if a.no_residency {
         builder = builder.residency_aware(false);
     }
+    if a.no_leases {
+        builder = builder.device_leases(None);
+    } else if let Some(m) = a.lease_min {
+        builder = builder.device_leases(Some(m.0 as usize));
+    }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {
         base.direct_chunk

@@ -35,6 +35,9 @@ pub struct ReadArgs {
     /// cache lacks are read with O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     no_residency: bool,
+    /// Every piece is copied into GPU memory by the read's future (no device lease).
+    #[arg(long)]
+    no_leases: bool,
 }
 
 /// The engine `gpuio read` runs on: the chosen backend, residency-aware unless told not.
@@ -42,6 +45,7 @@ fn engine(a: &ReadArgs) -> gpuio::Result<Engine> {
     Engine::builder()
         .backend(a.backend)
         .residency_aware(!a.no_residency)
+        .device_leases((!a.no_leases).then_some(gpuio::DEFAULT_LEASE_MIN))
         .build()
 }
 

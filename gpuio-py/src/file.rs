@@ -21,7 +21,10 @@ use crate::runner::{block, spawn};
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
 /// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
 /// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
-/// False sends everything through the page cache). Bad settings raise
+/// False sends everything through the page cache), ``device_lease_min`` (-1: default, 64 KiB:
+/// reads into GPU memory of at least this many bytes hold the tensor's stream with a device
+/// lease and the reactor copies every piece itself, batched; None: each read copies its own
+/// pieces). Bad settings raise
 /// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct Engine {
@@ -40,7 +43,8 @@ impl Engine {
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
-        reactor_spin = None, reactor_tick = None, residency_aware = true))]
+        reactor_spin = None, reactor_tick = None, residency_aware = true,
+        device_lease_min = -1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -60,6 +64,7 @@ impl Engine {
         reactor_spin: Option<f64>,
         reactor_tick: Option<f64>,
         residency_aware: bool,
+        device_lease_min: Option<i64>,
     ) -> PyResult<Self> {
         let backend: gpuio::Backend = backend
             .parse()
@@ -69,6 +74,17 @@ impl Engine {
             .spdk_memory(spdk_memory)
             .cufile_compat(cufile_compat)
             .residency_aware(residency_aware);
+        match device_lease_min {
+            Some(-1) => {}
+            None => b = b.device_leases(None),
+            Some(n) if n > 0 => b = b.device_leases(Some(n as usize)),
+            Some(n) => {
+                return Err(crate::errors::invalid(
+                    py,
+                    format!("device_lease_min: {n} (want a positive byte count, -1 or None)"),
+                ));
+            }
+        }
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }

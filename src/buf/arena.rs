@@ -137,6 +137,12 @@ impl BounceArena {
         matches!(self.pinned.get(), Some(Ok(_)))
     }
 
+    /// Whether `slot` lies in the part of the pool pinned with CUDA (grown blocks are not).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn slot_is_pinned(&self, slot: &BounceSlot) -> bool {
+        self.is_pinned() && !slot.on_device && slot.offset + slot.size() <= self.pool_len
+    }
+
     /// Size of one block (the largest slot).
     pub(crate) fn block_size(&self) -> usize {
         self.block_size

@@ -102,7 +102,8 @@ impl EventPool {
         }
     }
 
-    fn put(&self, ev: CudaEvent) {
+    /// Keeps `ev`, which must have completed, for reuse.
+    pub(crate) fn put(&self, ev: CudaEvent) {
         let key = ev.context().cu_ctx() as usize;
         let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let slot = match free.iter().position(|(k, _)| *k == key) {

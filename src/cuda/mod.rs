@@ -19,6 +19,12 @@
 //!   completed, polled without blocking; if a context dies with copies queued, their slots (and
 //!   the pool) are leaked rather than reused.
 //!
+//! Reads of at least [`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN) bytes take a **device
+//! lease** instead (`lease`): the destination's stream waits on a word the reactor writes,
+//! on its own copy stream, after it has copied every piece itself; the same three points hold
+//! because everything queued on the destination's stream (kernels, the free, any reuse) runs
+//! after that wait, whether or not the future is ever polled again.
+//!
 //! Writes from device memory run the same way in reverse: `cuMemcpyDtoHAsync` into a slot
 //! (recording cudarc's read event on the source), and the reactor writes the slot to the file
 //! once the copy's event has completed.
@@ -31,6 +37,10 @@ pub use sys::CudaProbe;
 mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;
+#[cfg(feature = "cuda")]
+pub(crate) mod lease;
+#[cfg(feature = "cuda")]
+pub(crate) mod memops;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;
 
@@ -69,6 +79,15 @@ pub fn context(
         ));
     }
     cudarc::driver::CudaContext::new(ordinal).map_err(|e| Error::cuda(ctx(), e))
+}
+
+/// Whether reads into GPU `ordinal`'s memory can take device leases, so that the reactor
+/// copies their pieces itself (see [`EngineBuilder::device_leases`](crate::EngineBuilder::device_leases)):
+/// `Ok` says how the copies are issued, `Err` why the futures copy instead.
+#[cfg(feature = "cuda")]
+pub fn lease_support(ordinal: usize) -> std::result::Result<&'static str, String> {
+    let ctx = context(ordinal).map_err(|e| e.to_string())?;
+    lease::support(&ctx)
 }
 
 /// Whether a usable CUDA device exists (cached; cheap after the first call).

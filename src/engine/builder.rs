@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::mpsc::{channel, sync_channel};
 
 use super::{
-    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner,
+    Backend, BackendInfo, DEFAULT_LEASE_MIN, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine,
+    EngineInner,
 };
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
@@ -35,6 +36,7 @@ pub struct EngineBuilder {
     pread_threads: Option<usize>,
     punt_min: Option<usize>,
     residency_aware: bool,
+    lease_min: Option<usize>,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -58,6 +60,7 @@ impl Default for EngineBuilder {
             pread_threads: None,
             punt_min: Some(64 << 10),
             residency_aware: true,
+            lease_min: Some(DEFAULT_LEASE_MIN),
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -243,6 +246,17 @@ impl EngineBuilder {
         self
     }
 
+    /// Reads into device memory of at least `bytes` (default [`DEFAULT_LEASE_MIN`]) hold the
+    /// destination's stream with a device lease and let the reactor copy each piece into the
+    /// memory itself, many pieces per driver call, instead of the future copying in `poll`
+    /// (`None`: never). Where a lease cannot be taken (see `gpuio check`: the driver, the
+    /// stream) the future copies, as with `None`. Either way the future resolves once every
+    /// copy is queued ahead of later work on the stream.
+    pub fn device_leases(mut self, min_bytes: Option<usize>) -> Self {
+        self.lease_min = min_bytes;
+        self
+    }
+
     /// How long the reactor keeps looking for new requests and completions, without sleeping,
     /// after its last piece of work while operations are open (default: no spin). A sleeping
     /// reactor costs small requests thread wake-ups; spinning trades up to one core for them.
@@ -344,7 +358,9 @@ impl EngineBuilder {
         let doorbell =
             Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
         let (tx, rx) = channel::<Msg>();
-        let shared = Arc::new(ReactorHandle::new(tx, doorbell.clone(), arena.clone()));
+        let mut handle = ReactorHandle::new(tx, doorbell.clone(), arena.clone());
+        handle.lease_min = self.lease_min.map(|m| m as u64);
+        let shared = Arc::new(handle);
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
         let backend = self.backend;
         let qd = sizing.queue_depth;

@@ -7,7 +7,8 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use super::future::Transfer;
 use super::gate::Gated;
-use super::msg::Msg;
+use super::msg::{Msg, ReactorHandle};
+use super::request::{LeasedDst, OpRequest};
 use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
 use crate::cuda::event::{EVENT_POOL, EventGate};
@@ -137,6 +138,30 @@ impl Transfer for DeviceCopyOut<'_> {
             offset,
             release,
         )
+    }
+
+    fn before_submit(&mut self, req: &mut OpRequest, engine: &ReactorHandle) {
+        let OpRequest::Read { len, lease, .. } = req else {
+            return;
+        };
+        if engine.lease_min.is_none_or(|m| *len < m) {
+            return;
+        }
+        // Pin the pool here, not on the reactor's thread: the reactor must never make a
+        // driver call that could wait on a stream a lease holds.
+        let ctx = self.dst.own_stream().context().clone();
+        if ctx.bind_to_thread().is_ok() {
+            engine.arena.ensure_pinned(&ctx);
+        }
+        match crate::cuda::lease::take(self.dst, self.stream.as_ref()) {
+            Ok((lease_taken, ptr)) => {
+                *lease = Some(LeasedDst {
+                    lease: lease_taken,
+                    ptr,
+                })
+            }
+            Err(why) => tracing::debug!(%why, "no device lease; this read's future copies"),
+        }
     }
 
     fn take_error(&mut self) -> Option<Error> {

@@ -28,6 +28,10 @@ pub(crate) trait Transfer: Send + Unpin {
             .then(|| Msg::Release(shared.clone(), pieces.into_iter().map(|p| p.slot).collect()))
     }
 
+    /// Called at the first poll, before the request goes to the reactor (a device read takes
+    /// its lease here).
+    fn before_submit(&mut self, _req: &mut OpRequest, _engine: &ReactorHandle) {}
+
     /// An error the transfer hit (a failed device copy); the op then fails with it.
     fn take_error(&mut self) -> Option<Error> {
         None
@@ -54,6 +58,13 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
         match self {
             Either::Host(t) => t.transfer(pieces, arena, shared),
             Either::Device(t) => t.transfer(pieces, arena, shared),
+        }
+    }
+
+    fn before_submit(&mut self, req: &mut OpRequest, engine: &ReactorHandle) {
+        match self {
+            Either::Host(t) => t.before_submit(req, engine),
+            Either::Device(t) => t.before_submit(req, engine),
         }
     }
 
@@ -176,7 +187,12 @@ impl<T: Transfer> Future for OpFuture<T> {
             // Register the waker before the reactor can see the op.
             shared.lock().waker = Some(cx.waker().clone());
             match &mut msg {
-                Msg::Submit(s) | Msg::Shutdown(s) => s.shared = Some(shared.clone()),
+                Msg::Submit(s) | Msg::Shutdown(s) => {
+                    if let Some(req) = s.req.as_mut() {
+                        this.transfer.before_submit(req, &this.engine);
+                    }
+                    s.shared = Some(shared.clone());
+                }
                 _ => {}
             }
             // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes

@@ -69,9 +69,11 @@ pub(crate) enum Msg {
     /// for: always behind a gate.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Awaited(Arc<OpShared>, Awaited),
-    /// Tests only: panic at the next completion (with I/O in flight), to prove that a reactor
-    /// panic fails every pending future and leaves nothing hanging.
-    #[cfg(test)]
+    /// Several messages behind one gate (the slots of one batch of reactor-issued copies).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    Many(Vec<Msg>),
+    /// Fault injection (tests): panic at the next completion (with I/O in flight), to prove
+    /// that a reactor panic fails every pending future and leaves nothing hanging.
     PanicAtNextCompletion,
 }
 
@@ -83,6 +85,7 @@ impl Msg {
         match self {
             Msg::Release(..) | Msg::Cancel(..) => false,
             Msg::Gated(g) => g.inner.as_ref().is_some_and(|m| m.is_urgent()),
+            Msg::Many(m) => m.iter().any(Msg::is_urgent),
             _ => true,
         }
     }
@@ -124,6 +127,10 @@ pub(crate) struct ReactorHandle {
     pub(crate) dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
     pub(crate) death: std::sync::OnceLock<String>,
+    /// Device reads of at least this many bytes take a device lease (`None`: none do).
+    pub(crate) lease_min: Option<u64>,
+    /// Reads whose device copies the reactor issued under a lease.
+    pub(crate) leased_reads: std::sync::atomic::AtomicU64,
     /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
     #[cfg(test)]
     pub(crate) turns: std::sync::atomic::AtomicUsize,
@@ -137,6 +144,8 @@ impl ReactorHandle {
             arena,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
+            lease_min: None,
+            leased_reads: std::sync::atomic::AtomicU64::new(0),
             #[cfg(test)]
             turns: std::sync::atomic::AtomicUsize::new(0),
         }

@@ -10,7 +10,6 @@ use crate::op::ReadyPiece;
 
 impl Reactor {
     pub(super) fn on_completion(&mut self, c: Completion) {
-        #[cfg(test)]
         if self.panic_armed {
             panic!("injected reactor panic (test)");
         }
@@ -74,11 +73,18 @@ impl Reactor {
         }
         if let Some(slot) = io.slot {
             if io.kind == IoKind::Read && !op.stopped() && io.done > 0 {
-                op.shared.push_ready(ReadyPiece {
+                let ready = ReadyPiece {
                     piece: io.piece,
                     valid: io.done,
                     slot,
-                });
+                };
+                #[cfg(feature = "cuda")]
+                if op.leased.is_some() {
+                    self.hand_to_copies(key, ready);
+                    self.maybe_finish(key);
+                    return;
+                }
+                op.shared.push_ready(ready);
             } else {
                 self.free_op_slot(key, slot);
             }

@@ -171,6 +171,7 @@ mod tests {
                 len,
                 device: None,
                 owned: None,
+                lease: None,
             })
         }
 

@@ -56,6 +56,11 @@ impl Reactor {
                 self.handle(Msg::Abandon(shared, pieces));
             }
             Msg::Release(..) => {}
+            Msg::Many(msgs) => {
+                for m in msgs {
+                    self.abandon_msg(m);
+                }
+            }
             Msg::Awaited(shared, what) => {
                 let key = shared.key();
                 if self.is_live(key, &shared) {

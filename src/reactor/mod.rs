@@ -59,6 +59,8 @@
 //! and leaks (never frees) memory the kernel may still write.
 
 mod complete;
+#[cfg(feature = "cuda")]
+mod copies;
 mod death;
 #[cfg(test)]
 mod fake;
@@ -177,9 +179,12 @@ pub(crate) struct Reactor {
     /// Why the cuFile lane could not be set up (asked once per engine).
     #[cfg(feature = "cuda")]
     cufile_unavailable: Option<String>,
+    /// Copy streams and pieces waiting for reactor-issued device copies (leased reads).
+    #[cfg(feature = "cuda")]
+    copies: copies::Copies,
     /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
     spdk: Option<crate::lane::spdk::SpdkLane>,
-    #[cfg(test)]
+    /// Fault injection: panic at the next completion.
     panic_armed: bool,
 }
 
@@ -232,8 +237,9 @@ impl Reactor {
             cufile: None,
             #[cfg(feature = "cuda")]
             cufile_unavailable: None,
+            #[cfg(feature = "cuda")]
+            copies: copies::Copies::default(),
             spdk: None,
-            #[cfg(test)]
             panic_armed: false,
         }
     }
@@ -281,6 +287,8 @@ impl Reactor {
             self.poll_gates();
             self.gates_polled = Instant::now();
         }
+        #[cfg(feature = "cuda")]
+        self.issue_copies();
         self.schedule();
         if self.shutting_down {
             self.enforce_shutdown_deadline();
@@ -309,6 +317,9 @@ impl Reactor {
             self.on_completion(*c);
         }
         done.clear();
+        // Every piece that completed in this turn is copied in one batch.
+        #[cfg(feature = "cuda")]
+        self.issue_copies();
         self.completions = done;
         Ok(Turn::Running)
     }
@@ -355,6 +366,12 @@ impl Reactor {
             // Only while I/O is in the kernel, so leaked operations (open for good) never
             // keep an otherwise idle reactor waking.
             timeout = Some(self.cfg.tick);
+        }
+        #[cfg(feature = "cuda")]
+        if self.copies.waiting() {
+            // Pieces wait for a lease's first event, which nothing rings for.
+            let look = copies::PRIOR_WORK_POLL;
+            timeout = Some(timeout.map_or(look, |t| t.min(look)));
         }
         if self.stall.is_some() {
             // Nothing may ring while the pool is stalled: look again in time to grow it

@@ -98,6 +98,9 @@ pub(super) struct OpEntry {
     /// Each piece goes direct or buffered by what the page cache holds of it (a buffered
     /// file's large read planned on its O_DIRECT twin's alignment).
     pub(super) residency: bool,
+    /// The reactor copies this read's pieces into device memory under a lease.
+    #[cfg(feature = "cuda")]
+    pub(super) leased: Option<super::copies::LeasedOp>,
 }
 
 impl OpEntry {
@@ -171,6 +174,11 @@ impl Reactor {
                 }
             }
             Msg::Gated(g) => self.gated.push(g),
+            Msg::Many(msgs) => {
+                for m in msgs {
+                    self.handle(m);
+                }
+            }
             Msg::Awaited(shared, what) => {
                 let key = shared.key();
                 if self.is_live(key, &shared) {
@@ -187,7 +195,6 @@ impl Reactor {
                     self.maybe_finish(key);
                 }
             }
-            #[cfg(test)]
             Msg::PanicAtNextCompletion => self.panic_armed = true,
             Msg::Abandon(shared, pieces) => {
                 self.compromised = true;
@@ -226,21 +233,22 @@ impl Reactor {
             other => other,
         };
         let kind = req.op_kind();
-        let (file, offset, len, device, owned) = match req {
+        let (file, offset, len, device, owned, lease) = match req {
             OpRequest::Read {
                 file,
                 offset,
                 len,
                 device,
                 owned,
-            } => (file, offset, len, device, owned),
+                lease,
+            } => (file, offset, len, device, owned, lease),
             OpRequest::Write {
                 file,
                 offset,
                 len,
                 device,
-            } => (file, offset, len, device, None),
-            OpRequest::Sync { file } => (file, 0, 0, None, None),
+            } => (file, offset, len, device, None, None),
+            OpRequest::Sync { file } => (file, 0, 0, None, None, None),
             OpRequest::Await { .. } => unreachable!("handled above"),
         };
         // An op refused before any I/O hands its owned buffer back untouched.
@@ -325,6 +333,12 @@ impl Reactor {
             return;
         }
         let empty = plan.len() == 0;
+        // A lease the reactor does not serve (cuFile moves the pieces, an owned read) is
+        // released now; the future then copies.
+        #[cfg(feature = "cuda")]
+        let leased = lease.and_then(|l| self.take_lease(l, !gds && owned.is_none() && !empty));
+        #[cfg(not(feature = "cuda"))]
+        let _ = lease;
         let key = self.ops.insert(OpEntry {
             shared: shared.clone(),
             file,
@@ -348,6 +362,8 @@ impl Reactor {
             owned,
             awaited: None,
             residency,
+            #[cfg(feature = "cuda")]
+            leased,
         });
         shared.key.store(key, Ordering::Relaxed);
         if empty {
@@ -396,6 +412,8 @@ impl Reactor {
             owned: None,
             awaited: None,
             residency: false,
+            #[cfg(feature = "cuda")]
+            leased: None,
         });
         shared.key.store(key, Ordering::Relaxed);
         // Queued on the stream already, so taken even while shutting down: shutdown waits for
@@ -534,7 +552,20 @@ impl Reactor {
         if !op.all_started() || op.busy > 0 {
             return;
         }
+        #[cfg(feature = "cuda")]
+        if self.lease_busy(key) {
+            return;
+        }
         let mut op = self.ops.remove(key);
+        // Every copy is queued: the lease goes, and with it the destination stream's wait.
+        #[cfg(feature = "cuda")]
+        if let Some(l) = op.leased.take() {
+            if let Err(why) = self.end_lease(l) {
+                if op.error.is_none() && !op.cancelled {
+                    op.error = Some(Error::cuda_msg(op.ctx(op.offset), why));
+                }
+            }
+        }
         if op.window_blocked {
             self.window_blocked_ops -= 1;
         }

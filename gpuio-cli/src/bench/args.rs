@@ -145,6 +145,13 @@ pub struct BenchArgs {
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     pub(crate) no_residency: bool,
+    /// Smallest read into GPU memory whose copies the reactor issues under a device lease
+    /// (default 64K; `EngineBuilder::device_leases`).
+    #[arg(long, value_parser = validate::positive_size)]
+    pub(crate) lease_min: Option<ByteSize>,
+    /// Every read's future issues its own device copies (no device leases).
+    #[arg(long)]
+    pub(crate) no_leases: bool,
     /// Seconds to run each point (at most a year).
     #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
     pub(crate) seconds: f64,

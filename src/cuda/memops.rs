@@ -1,0 +1,204 @@
+//! The driver calls device leases and reactor-issued copies need that cudarc's result and safe
+//! tiers do not wrap: stream memory operations (`cuStreamWaitValue32_v2`,
+//! `cuStreamWriteValue32_v2`) and batched copies (`cuMemcpyBatchAsync_v2`, CUDA 13 drivers).
+//!
+//! cudarc's own wrappers resolve a symbol on first call and panic when the driver lacks it, so
+//! these are resolved here, once, through `libloading` on the library cudarc loaded, and kept
+//! as function pointers: a missing symbol is a reason to fall back, never a panic.
+
+use std::ffi::c_uint;
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{
+    self, CUdeviceptr, CUmemcpyAttributes, CUmemcpySrcAccessOrder, CUresult, CUstream,
+};
+
+type ValueFn = unsafe extern "C" fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
+type BatchFn = unsafe extern "C" fn(
+    *mut CUdeviceptr,
+    *mut CUdeviceptr,
+    *mut usize,
+    usize,
+    *mut CUmemcpyAttributes,
+    *mut usize,
+    usize,
+    CUstream,
+) -> CUresult;
+
+/// `CU_STREAM_WAIT_VALUE_GEQ`: wait until `(int32_t)(*addr - value) >= 0` (cyclic).
+const WAIT_GEQ: c_uint = 0;
+/// `CU_STREAM_WRITE_VALUE_DEFAULT`: the write is preceded by a fence, so every earlier copy
+/// on the stream is visible before the value is.
+const WRITE_DEFAULT: c_uint = 0;
+
+/// The resolved entry points.
+pub(crate) struct MemOps {
+    wait32: ValueFn,
+    write32: ValueFn,
+    /// `None` on drivers before CUDA 13 (copies are then issued one by one).
+    batch: Option<BatchFn>,
+}
+
+/// The entry points, resolved once; `Err` says why stream memory operations are unusable.
+/// Call only once [`crate::cuda::available`] said yes (cudarc panics if libcuda is missing).
+pub(crate) fn memops() -> Result<&'static MemOps, String> {
+    static OPS: OnceLock<Result<MemOps, String>> = OnceLock::new();
+    OPS.get_or_init(|| {
+        // SAFETY: libcuda is present (the caller checked); `culib` only loads it.
+        let lib = unsafe { sys::culib() };
+        // SAFETY: the requested types are the driver API's C signatures of these symbols
+        // (CUDA driver API reference; cudarc's sys tier declares the same ones).
+        unsafe {
+            let wait32 = lib
+                .get::<ValueFn>(b"cuStreamWaitValue32_v2\0")
+                .map_err(|e| format!("the driver lacks cuStreamWaitValue32_v2 ({e})"))?;
+            let write32 = lib
+                .get::<ValueFn>(b"cuStreamWriteValue32_v2\0")
+                .map_err(|e| format!("the driver lacks cuStreamWriteValue32_v2 ({e})"))?;
+            let batch = lib.get::<BatchFn>(b"cuMemcpyBatchAsync_v2\0").ok();
+            Ok(MemOps {
+                wait32: *wait32,
+                write32: *write32,
+                batch: batch.map(|b| *b),
+            })
+        }
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn check(r: CUresult, what: &str) -> Result<(), String> {
+    if r == CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what}: {r:?}"))
+    }
+}
+
+impl MemOps {
+    /// Whether batched copies are available (a CUDA 13 driver).
+    pub(crate) fn has_batch(&self) -> bool {
+        self.batch.is_some()
+    }
+
+    /// Queues on `stream` a wait until the 32-bit word at device address `addr` reaches
+    /// `value` (cyclically: `(int32_t)(*addr - value) >= 0`).
+    ///
+    /// # Safety
+    /// `stream` must be a live stream of the context current on this thread; `addr` must be
+    /// a device-visible address of a 32-bit word (device memory or mapped pinned host memory)
+    /// that stays valid until the stream has passed the wait.
+    pub(crate) unsafe fn wait_geq(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: u32,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's preconditions are the driver's.
+        check(
+            unsafe { (self.wait32)(stream, addr, value, WAIT_GEQ) },
+            "cuStreamWaitValue32",
+        )
+    }
+
+    /// Queues on `stream` a write of `value` into the word at `addr`, after everything queued
+    /// on `stream` before it (fenced: earlier copies are visible first).
+    ///
+    /// # Safety
+    /// As [`wait_geq`](Self::wait_geq).
+    pub(crate) unsafe fn write(
+        &self,
+        stream: CUstream,
+        addr: CUdeviceptr,
+        value: u32,
+    ) -> Result<(), String> {
+        // SAFETY: the caller's preconditions are the driver's.
+        check(
+            unsafe { (self.write32)(stream, addr, value, WRITE_DEFAULT) },
+            "cuStreamWriteValue32",
+        )
+    }
+
+    /// Queues `dsts.len()` copies on `stream` in one driver call, each source read in stream
+    /// order (never after a later event or value write on `stream`). Falls back to nothing: the
+    /// caller checks [`has_batch`](Self::has_batch) first.
+    ///
+    /// # Safety
+    /// `stream` must be a live non-NULL stream of the context current on this thread; for each
+    /// `i`, `[srcs[i], srcs[i] + sizes[i])` and `[dsts[i], dsts[i] + sizes[i])` must be memory
+    /// the device may access (device memory, or pinned host memory, each range within one
+    /// registration) that stays valid until the stream has passed the copies, and no two
+    /// destinations may overlap (copies inside one batch run in no particular order).
+    pub(crate) unsafe fn copy_batch(
+        &self,
+        dsts: &mut [CUdeviceptr],
+        srcs: &mut [CUdeviceptr],
+        sizes: &mut [usize],
+        stream: CUstream,
+    ) -> Result<(), String> {
+        let Some(batch) = self.batch else {
+            return Err("the driver has no cuMemcpyBatchAsync".into());
+        };
+        assert!(dsts.len() == srcs.len() && srcs.len() == sizes.len());
+        if dsts.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: an all-zero attribute block is a valid bit pattern (integers and enums whose
+        // zero is a declared variant); the source order is set next, the location hints stay
+        // "invalid", which the driver ignores for memory that is not managed.
+        let mut attrs: CUmemcpyAttributes = unsafe { std::mem::zeroed() };
+        attrs.srcAccessOrder = CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        let mut attr_idx = [0usize];
+        // SAFETY: the arrays are as long as the count, one attribute entry at index 0 covers
+        // every copy; the caller guarantees the memory and stream preconditions.
+        check(
+            unsafe {
+                batch(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    dsts.len(),
+                    &mut attrs,
+                    attr_idx.as_mut_ptr(),
+                    1,
+                    stream,
+                )
+            },
+            "cuMemcpyBatchAsync",
+        )
+    }
+}
+
+/// Queues one copy of `n` bytes from `src` to `dst` on `stream` (addresses in the unified
+/// address space: device memory or host memory, pinned or not).
+///
+/// # Safety
+/// As [`MemOps::copy_batch`] for one copy; pageable host sources are read before the call
+/// returns (the driver stages them).
+pub(crate) unsafe fn copy_one(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> Result<(), String> {
+    // SAFETY: the caller's preconditions are the driver's.
+    check(
+        unsafe { sys::cuMemcpyAsync(dst, src, n, stream) },
+        "cuMemcpyAsync",
+    )
+}
+
+/// Whether `stream` is being captured into a graph (work queued now would not run now).
+///
+/// # Safety
+/// `stream` must be a live stream (or a NULL/legacy handle) of the context current on this
+/// thread.
+pub(crate) unsafe fn is_capturing(stream: CUstream) -> Result<bool, String> {
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: the driver writes one status value into `status`, which outlives the call.
+    check(
+        unsafe { sys::cuStreamIsCapturing(stream, &mut status) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

@@ -1,0 +1,363 @@
+//! Reactor-issued device copies: reads whose future took a device lease (`crate::cuda::lease`)
+//! have their pieces copied into device memory here, on one non-blocking copy stream per
+//! context, every piece that is ready in one loop turn in one driver call
+//! (`cuMemcpyBatchAsync` where the driver has it), the slots of the batch behind one event, and
+//! the lease released on the copy stream after the op's last copy. The future is woken once,
+//! when its op is done.
+//!
+//! Soundness rests on the lease (see its module and `docs/device-leases.md`); what this room
+//! adds: the copy stream never waits on a user stream (prior work on the destination is seen
+//! by polling the lease's first event from the host, so no release can end up behind a wait
+//! that needs it); every exit of a leased op (done, failed, cancelled, shutdown, death)
+//! releases its lease on the copy stream after every copy queued for it; and slots go back to
+//! the pool only after the copies' event has completed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::result::stream;
+use cudarc::driver::sys::CUstream;
+use cudarc::driver::{CudaContext, CudaStream};
+
+use super::Reactor;
+use crate::cuda::event::{EVENT_POOL, EventGate};
+use crate::cuda::memops::{copy_one, memops};
+use crate::error::Error;
+use crate::op::gate::Gated;
+use crate::op::msg::Msg;
+use crate::op::request::LeasedDst;
+use crate::op::{OpShared, ReadyPiece};
+
+/// How often the reactor looks at a leased op's first event while its pieces wait for it.
+pub(super) const PRIOR_WORK_POLL: Duration = Duration::from_micros(20);
+/// Most copies in one driver call.
+const MAX_BATCH: usize = 1024;
+
+/// A context's copy stream (created non-blocking, never counted by cudarc as one of the
+/// user's streams, so creating it synchronizes nothing).
+struct CopyStream {
+    ctx: Arc<CudaContext>,
+    raw: CUstream,
+    /// The same stream, borrowed, for recording events through cudarc.
+    wrapped: Arc<CudaStream>,
+}
+
+/// A leased read in the op table.
+pub(super) struct LeasedOp {
+    dst: LeasedDst,
+    stream: usize,
+    /// The lease's first event has completed: copies may go.
+    prior_done: bool,
+    /// Read pieces waiting for their copy.
+    pending: Vec<ReadyPiece>,
+}
+
+/// The reactor's copy streams and the ops whose pieces wait for a copy.
+#[derive(Default)]
+pub(super) struct Copies {
+    streams: Vec<CopyStream>,
+    /// Ops with pending pieces (checked against the table: a key may have been reused).
+    waiting: Vec<(usize, Arc<OpShared>)>,
+    /// The batched call failed once: copies go one by one from then on.
+    batch_failed: bool,
+}
+
+impl Copies {
+    /// Whether pieces wait for a lease's first event (the reactor then looks again soon).
+    pub(super) fn waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+}
+
+/// One copy of a batch, and the op it serves.
+struct Job {
+    key: usize,
+    dst: u64,
+    src: u64,
+    n: usize,
+    pinned: bool,
+}
+
+impl Reactor {
+    /// At accept: whether the reactor copies this op's pieces under its lease. Declined
+    /// leases (not a plain bounce read, no copy stream) are released from the host at once,
+    /// and the future copies.
+    pub(super) fn take_lease(&mut self, dst: LeasedDst, bounce_read: bool) -> Option<LeasedOp> {
+        if !bounce_read {
+            dst.lease.release_unused();
+            return None;
+        }
+        match self.copy_stream(dst.lease.context()) {
+            Ok(stream) => {
+                self.engine
+                    .leased_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Some(LeasedOp {
+                    dst,
+                    stream,
+                    prior_done: false,
+                    pending: Vec::new(),
+                })
+            }
+            Err(why) => {
+                tracing::warn!(%why, "gpuio reactor has no copy stream; futures copy");
+                dst.lease.release_unused();
+                None
+            }
+        }
+    }
+
+    fn copy_stream(&mut self, ctx: &Arc<CudaContext>) -> Result<usize, String> {
+        if let Some(i) = self
+            .copies
+            .streams
+            .iter()
+            .position(|s| s.ctx.cu_ctx() == ctx.cu_ctx())
+        {
+            return Ok(i);
+        }
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        let raw = stream::create(stream::StreamKind::NonBlocking)
+            .map_err(|e| format!("creating the copy stream: {e}"))?;
+        // SAFETY: `raw` is a live stream of `ctx`, destroyed only by `close_copy_streams`
+        // after every use of the wrapper (event records) has ended; work on it is ordered by
+        // the reactor itself.
+        let wrapped = unsafe { ctx.wrap_borrowed_stream(raw) };
+        self.copies.streams.push(CopyStream {
+            ctx: ctx.clone(),
+            raw,
+            wrapped,
+        });
+        Ok(self.copies.streams.len() - 1)
+    }
+
+    /// A completed read piece of a leased op: it waits here for its copy.
+    pub(super) fn hand_to_copies(&mut self, key: usize, p: ReadyPiece) {
+        let op = &mut self.ops[key];
+        let l = op.leased.as_mut().expect("a leased op");
+        if l.pending.is_empty() {
+            self.copies.waiting.push((key, op.shared.clone()));
+        }
+        l.pending.push(p);
+    }
+
+    /// Whether `key`'s leased pieces still wait for copies; a stopped op's pending pieces go
+    /// back to the pool and its lease is released now (nothing more will be copied).
+    pub(super) fn lease_busy(&mut self, key: usize) -> bool {
+        let op = &mut self.ops[key];
+        let stopped = op.stopped();
+        let Some(l) = op.leased.as_mut() else {
+            return false;
+        };
+        if !stopped {
+            return !l.pending.is_empty();
+        }
+        let pending = std::mem::take(&mut l.pending);
+        for p in pending {
+            self.free_op_slot(key, p.slot);
+        }
+        let l = self.ops[key].leased.take().expect("checked above");
+        if let Err(e) = self.end_lease(l) {
+            tracing::error!(%e, "gpuio could not release a device lease");
+        }
+        false
+    }
+
+    /// Queues the lease's release on its copy stream, after every copy queued for it.
+    pub(super) fn end_lease(&mut self, l: LeasedOp) -> Result<(), String> {
+        let cs = &self.copies.streams[l.stream];
+        cs.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: `cs.raw` is the live copy stream of the lease's context, bound above, and
+        // every copy queued for this lease was queued on it.
+        let r = unsafe { l.dst.lease.release_on(cs.raw) };
+        if let Err(why) = &r {
+            // Copies may be queued: the lease must not be released behind their back. The
+            // destination's stream stays blocked (its Drop logs it).
+            tracing::error!(%why, "releasing a device lease failed; its stream stays blocked");
+        }
+        r
+    }
+
+    /// Issues copies for every pending piece whose op's prior work is done, one batch per
+    /// copy stream, and finishes the ops this completes.
+    pub(super) fn issue_copies(&mut self) {
+        if self.copies.waiting.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.copies.waiting);
+        let mut jobs: Vec<Vec<Job>> = (0..self.copies.streams.len()).map(|_| Vec::new()).collect();
+        let mut slots: Vec<Vec<(Arc<OpShared>, Vec<ReadyPiece>)>> =
+            (0..self.copies.streams.len()).map(|_| Vec::new()).collect();
+        let mut touched = Vec::new();
+        for (key, shared) in waiting {
+            if !self.is_live(key, &shared) {
+                continue;
+            }
+            let op = &mut self.ops[key];
+            let (offset, len) = (op.offset, op.len as usize);
+            let stopped = op.stopped();
+            let Some(l) = op.leased.as_mut() else {
+                continue;
+            };
+            if l.pending.is_empty() {
+                continue;
+            }
+            if stopped {
+                touched.push(key);
+                continue;
+            }
+            if !l.prior_done {
+                let cs = &self.copies.streams[l.stream];
+                let _ = cs.ctx.bind_to_thread();
+                match l.dst.lease.prior_work_done() {
+                    Ok(true) => l.prior_done = true,
+                    Ok(false) => {
+                        self.copies.waiting.push((key, shared));
+                        continue;
+                    }
+                    Err(why) => {
+                        if op.error.is_none() {
+                            op.error = Some(Error::cuda_msg(op.ctx(offset), why));
+                        }
+                        touched.push(key);
+                        continue;
+                    }
+                }
+            }
+            let pieces = std::mem::take(&mut l.pending);
+            l.dst.lease.copies_queued();
+            for p in &pieces {
+                if let Some((from, to, n)) = p.overlap(offset, len) {
+                    jobs[l.stream].push(Job {
+                        key,
+                        dst: l.dst.ptr + to,
+                        src: self.arena.slot_ptr(&p.slot) as u64 + from as u64,
+                        n,
+                        pinned: self.arena.slot_is_pinned(&p.slot),
+                    });
+                }
+            }
+            slots[l.stream].push((shared, pieces));
+            touched.push(key);
+        }
+        for (i, (jobs, slots)) in jobs.into_iter().zip(slots).enumerate() {
+            if !slots.is_empty() {
+                self.run_batch(i, jobs, slots);
+            }
+        }
+        for key in touched {
+            if self.ops.contains(key) {
+                self.maybe_finish(key);
+            }
+        }
+    }
+
+    /// Queues `jobs` on copy stream `i` and gates the slots behind one event; on failure the
+    /// ops fail and the slots are abandoned (a copy may have been queued).
+    fn run_batch(
+        &mut self,
+        i: usize,
+        jobs: Vec<Job>,
+        slots: Vec<(Arc<OpShared>, Vec<ReadyPiece>)>,
+    ) {
+        let cs = &self.copies.streams[i];
+        let issued = cs
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| format!("{e:?}"))
+            .and_then(|()| queue_jobs(cs.raw, &jobs, &mut self.copies.batch_failed))
+            .and_then(|()| {
+                EVENT_POOL
+                    .record(&cs.wrapped)
+                    .map_err(|e| format!("recording the copies' event: {e}"))
+            });
+        match issued {
+            Ok(ev) => {
+                let releases = slots
+                    .into_iter()
+                    .map(|(s, p)| Msg::Release(s, p.into_iter().map(|p| p.slot).collect()))
+                    .collect();
+                self.gated.push(Gated::new(
+                    Box::new(EventGate::new(ev)),
+                    Msg::Many(releases),
+                    &self.arena,
+                ));
+            }
+            Err(why) => {
+                for j in &jobs {
+                    let op = &mut self.ops[j.key];
+                    if op.error.is_none() {
+                        op.error = Some(Error::cuda_msg(op.ctx(op.offset), why.clone()));
+                    }
+                }
+                for (s, p) in slots {
+                    self.handle(Msg::Abandon(s, p));
+                }
+            }
+        }
+    }
+
+    /// Death: releases every lease still held, on its copy stream (after whatever was queued).
+    pub(super) fn release_leases(&mut self) {
+        let keys: Vec<usize> = self
+            .ops
+            .iter()
+            .filter(|(_, o)| o.leased.is_some())
+            .map(|(k, _)| k)
+            .collect();
+        for key in keys {
+            if let Some(l) = self.ops[key].leased.take() {
+                let _ = self.end_lease(l);
+            }
+        }
+    }
+
+    /// After an orderly drain: the copy streams go (queued work, if any, still completes).
+    pub(super) fn close_copy_streams(&mut self) {
+        for cs in self.copies.streams.drain(..) {
+            if cs.ctx.bind_to_thread().is_ok() {
+                drop(cs.wrapped);
+                // SAFETY: the stream is ours; the driver finishes queued work before freeing it.
+                let _ = unsafe { stream::destroy(cs.raw) };
+            }
+        }
+    }
+}
+
+/// Queues the copies: pinned sources in batches where the driver has batched copies, the
+/// rest one by one.
+fn queue_jobs(raw: CUstream, jobs: &[Job], batch_failed: &mut bool) -> Result<(), String> {
+    let ops = memops()?;
+    let batch = ops.has_batch() && !*batch_failed;
+    let mut one_by_one: Vec<&Job> = Vec::new();
+    let mut pinned: Vec<&Job> = Vec::new();
+    for j in jobs {
+        if batch && j.pinned {
+            pinned.push(j);
+        } else {
+            one_by_one.push(j);
+        }
+    }
+    for chunk in pinned.chunks(MAX_BATCH) {
+        let mut dsts: Vec<u64> = chunk.iter().map(|j| j.dst).collect();
+        let mut srcs: Vec<u64> = chunk.iter().map(|j| j.src).collect();
+        let mut sizes: Vec<usize> = chunk.iter().map(|j| j.n).collect();
+        // SAFETY: `raw` is the reactor's live copy stream of the bound context; each source is
+        // a pinned bounce slot the reactor owns until the batch's event completes; each
+        // destination lies inside leased device memory that stays allocated until the lease's
+        // release (queued after these copies) has run; destinations of one op are disjoint
+        // pieces, and two ops never lease the same memory at once (each holds it `&mut`).
+        if let Err(why) = unsafe { ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw) } {
+            // No failure index in the v2 call: some may be queued. Queuing all of them again
+            // one by one writes the same bytes to the same places, in stream order.
+            tracing::warn!(%why, "batched device copies failed; copying one by one from now on");
+            *batch_failed = true;
+            one_by_one.extend(chunk.iter().copied());
+        }
+    }
+    for j in one_by_one {
+        // SAFETY: as above, one copy at a time (an unpinned source is read before return).
+        unsafe { copy_one(j.dst, j.src, j.n, raw) }?;
+    }
+    Ok(())
+}
