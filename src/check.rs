@@ -195,8 +195,8 @@ fn report_cuda(lines: &mut Vec<String>) {
 fn lease_support(ordinal: usize) -> String {
     match crate::cuda::lease_support(ordinal) {
         Ok(how) => format!(
-            "yes: reads of {} KiB or more are copied by the reactor, {how}              (EngineBuilder::device_leases)",
-            crate::engine::DEFAULT_LEASE_MIN >> 10
+            "supported, off by default (EngineBuilder::device_leases turns them on: the reactor \
+             then copies large reads' pieces, {how})"
         ),
         Err(why) => format!("no ({why}): each read's future issues its copies"),
     }

@@ -59,6 +59,7 @@ fn engine() -> Engine {
         .chunk_size(1 << 20)
         .queue_depth(8)
         .bounce_slots(64)
+        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
         .build()
         .unwrap()
 }
@@ -219,6 +220,7 @@ async fn a_dropped_leased_read_releases_its_stream() {
         .chunk_size(1 << 20)
         .queue_depth(2)
         .bounce_slots(8)
+        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
         .build()
         .unwrap();
     let f = engine.open(&path).unwrap();
@@ -254,6 +256,7 @@ async fn a_dying_reactor_releases_its_leases() {
         .chunk_size(1 << 20)
         .queue_depth(2)
         .bounce_slots(16)
+        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
         .build()
         .unwrap();
     let f = engine.open(&path).unwrap();
@@ -307,7 +310,10 @@ async fn many_streams_and_reads_sharing_a_stream_complete() {
     const SMALL: usize = 256 << 10;
     let dir = tmpdir();
     let (path, want) = test_file(dir.path(), "m", BIG + SMALL, 45);
-    let engine = Engine::builder().build().unwrap();
+    let engine = Engine::builder()
+        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
+        .build()
+        .unwrap();
     let f = engine.open(&path).unwrap();
     let streams: Vec<Arc<CudaStream>> = (0..STREAMS).map(|_| ctx.new_stream().unwrap()).collect();
     let mut bigs: Vec<CudaSlice<u8>> = streams
@@ -337,6 +343,59 @@ async fn many_streams_and_reads_sharing_a_stream_complete() {
     for (i, s) in streams.iter().enumerate() {
         assert_eq!(differing(&d2h(s, &bigs[i]), &want[..BIG]), 0, "big {i}");
         assert_eq!(differing(&d2h(s, &smalls[i]), &want[BIG..]), 0, "small {i}");
+    }
+}
+
+/// Reads queued one after another on one stream, with a pool too small for all of them: the
+/// later ones wait (on the GPU) for the earlier ones' releases, so slots they hold while they
+/// wait must not starve the earlier ones. Awaited last-first, they all complete and land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn later_reads_on_a_stream_never_starve_earlier_ones() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(ctx) = gpu_with_leases("later_reads_on_a_stream_never_starve_earlier_ones") else {
+        return;
+    };
+    const READS: usize = 6;
+    const LEN: usize = 16 << 20;
+    let dir = tmpdir();
+    let (path, want) = test_file(dir.path(), "chain", READS * LEN, 47);
+    // Eight 1 MiB slots, two per op: six ops that each took their share would hold 12.
+    let engine = Engine::builder()
+        .chunk_size(1 << 20)
+        .queue_depth(8)
+        .bounce_slots(8)
+        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
+        .build()
+        .unwrap();
+    let f = engine.open(&path).unwrap();
+    let s = ctx.new_stream().unwrap();
+    let mut dsts: Vec<CudaSlice<u8>> = (0..READS).map(|_| s.alloc_zeros(LEN).unwrap()).collect();
+    let before = engine.leased_reads();
+    {
+        let mut futs: Vec<_> = dsts
+            .iter_mut()
+            .enumerate()
+            .map(|(i, d)| f.read_into(d, (i * LEN) as u64))
+            .collect();
+        for fut in &mut futs {
+            poll_once(fut);
+        }
+        while let Some(fut) = futs.pop() {
+            let i = futs.len();
+            let n = tokio::time::timeout(Duration::from_secs(60), fut)
+                .await
+                .unwrap_or_else(|_| panic!("read {i} never completed (starved)"))
+                .unwrap();
+            assert_eq!(n, LEN);
+        }
+    }
+    assert_eq!(engine.leased_reads() - before, READS as u64);
+    for (i, d) in dsts.iter().enumerate() {
+        assert_eq!(
+            differing(&d2h(&s, d), &want[i * LEN..(i + 1) * LEN]),
+            0,
+            "read {i}"
+        );
     }
 }
 

@@ -56,8 +56,10 @@ pub struct gpuio_engine_settings {
     /// cache as it was).
     pub no_residency: u32,
     /// Reads into device memory of at least this many bytes hold the destination's stream with
-    /// a device lease and the reactor copies their pieces itself, batched (0: 64 KiB;
-    /// `UINT64_MAX`: never, each read's own call path copies).
+    /// a device lease and the reactor copies their pieces itself, batched (0, the default, and
+    /// `UINT64_MAX`: never, each read's own call path copies; 65536 is a good value). Never
+    /// with anything in the process that frees device memory synchronously (`cuMemFree`) while
+    /// reads run: the driver then holds the reactor's copies back and the process hangs.
     pub lease_min: u64,
 }
 

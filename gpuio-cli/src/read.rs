@@ -35,9 +35,10 @@ pub struct ReadArgs {
     /// cache lacks are read with O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     no_residency: bool,
-    /// Every piece is copied into GPU memory by the read's future (no device lease).
+    /// The reactor copies the pieces into GPU memory under a device lease
+    /// (`EngineBuilder::device_leases`; off by default).
     #[arg(long)]
-    no_leases: bool,
+    leases: bool,
 }
 
 /// The engine `gpuio read` runs on: the chosen backend, residency-aware unless told not.
@@ -45,7 +46,7 @@ fn engine(a: &ReadArgs) -> gpuio::Result<Engine> {
     Engine::builder()
         .backend(a.backend)
         .residency_aware(!a.no_residency)
-        .device_leases((!a.no_leases).then_some(gpuio::DEFAULT_LEASE_MIN))
+        .device_leases(a.leases.then_some(gpuio::DEFAULT_LEASE_MIN))
         .build()
 }
 

@@ -21,10 +21,12 @@ use crate::runner::{block, spawn};
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
 /// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
 /// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
-/// False sends everything through the page cache), ``device_lease_min`` (-1: default, 64 KiB:
-/// reads into GPU memory of at least this many bytes hold the tensor's stream with a device
-/// lease and the reactor copies every piece itself, batched; None: each read copies its own
-/// pieces). Bad settings raise
+/// False sends everything through the page cache), ``device_lease_min`` (-1 or None: the
+/// default, off: each read copies its own pieces; n: reads into GPU memory of at least n bytes
+/// hold the tensor's stream with a device lease and the reactor copies every piece itself,
+/// batched; never with anything in the process that frees device memory synchronously while
+/// reads run, such as ``torch.cuda.empty_cache()``: see the library's
+/// ``EngineBuilder::device_leases``). Bad settings raise
 /// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct Engine {

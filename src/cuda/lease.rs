@@ -49,13 +49,19 @@ const STRIDE: usize = 64;
 /// `CU_STREAM_PER_THREAD`: the handle of "the calling thread's per-thread default stream".
 const PER_THREAD_STREAM: usize = 0x2;
 
-/// One context's lease words: mapped pinned host memory the GPU polls, kept for the process
+/// One context's lease words: registered, device-mapped host memory the GPU polls, kept for the process
 /// (a wait may read a word until its stream passes it, which nothing here can bound).
 pub(crate) struct LeaseBoard {
     ctx: Arc<CudaContext>,
     host: *mut u8,
     dev: CUdeviceptr,
     ops: &'static MemOps,
+    /// The context's copy stream for reactor-issued copies (non-blocking, kept for the
+    /// process). Made here, on a caller's thread: with another thread inside a driver call that
+    /// waits on a leased stream (a copy from pageable memory, a synchronous free), the driver
+    /// holds back resource creation (`cuEventCreate`, measured) on every other thread, and the
+    /// reactor must never be the thread held back.
+    copy_stream: sys::CUstream,
     state: Mutex<BoardState>,
 }
 
@@ -86,34 +92,56 @@ impl LeaseBoard {
         let ops = memops()?;
         ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
         let bytes = WORDS * STRIDE;
-        let mut host: *mut std::ffi::c_void = std::ptr::null_mut();
-        // SAFETY: the driver writes one pointer into `host`; the context is bound.
-        let r = unsafe {
-            sys::cuMemHostAlloc(
-                &mut host,
+        // The words live in an anonymous mapping the process never unmaps, registered with
+        // the driver: a context reset (`cuDevicePrimaryCtxReset`) drops the registration but
+        // not the memory, so a late host release of an old lease writes harmless bytes instead
+        // of faulting (memory from cuMemHostAlloc would be unmapped under it).
+        // SAFETY: an anonymous private mapping at an address of the kernel's choosing.
+        let host = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
                 bytes,
-                sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if host == libc::MAP_FAILED {
+            return Err(format!(
+                "mapping the lease words: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: `host` is a fresh mapping of `bytes` bytes (zero-filled by the kernel), page
+        // aligned; the context is bound; the mapping is never unmapped.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(
+                host,
+                bytes,
+                sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE,
             )
         };
         if r != CUresult::CUDA_SUCCESS {
-            return Err(format!("cuMemHostAlloc of the lease words: {r:?}"));
+            return Err(format!("cuMemHostRegister of the lease words: {r:?}"));
         }
-        // SAFETY: `host` is a fresh allocation of `bytes` bytes; zero every word.
-        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, bytes) };
         let mut dev: CUdeviceptr = 0;
-        // SAFETY: `host` was allocated with DEVICEMAP in this context.
+        // SAFETY: `host` was registered with DEVICEMAP in this context.
         let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0) };
         if r != CUresult::CUDA_SUCCESS {
-            // The words are kept anyway (never freed): nothing waits on them.
+            // The words stay registered and mapped (never freed): nothing waits on them.
             return Err(format!(
                 "cuMemHostGetDevicePointer of the lease words: {r:?}"
             ));
         }
+        let copy_stream = stream::create(stream::StreamKind::NonBlocking)
+            .map_err(|e| format!("creating the copy stream: {e}"))?;
         let board = LeaseBoard {
             ctx: ctx.clone(),
             host: host.cast(),
             dev,
             ops,
+            copy_stream,
             state: Mutex::new(BoardState {
                 free: (0..WORDS as u32).rev().collect(),
                 generations: vec![0; WORDS],
@@ -148,6 +176,16 @@ impl LeaseBoard {
         }
         self.set_host_word(word, 0);
         Ok(())
+    }
+
+    /// Whether the words are still registered with the driver (a context reset drops the
+    /// registration, and with it every device address of the board). Call with the context
+    /// bound.
+    fn registered(&self) -> bool {
+        let mut flags: std::ffi::c_uint = 0;
+        // SAFETY: the driver writes one flags word; `host` stays mapped for the process.
+        let r = unsafe { sys::cuMemHostGetFlags(&mut flags, self.host.cast()) };
+        r == CUresult::CUDA_SUCCESS
     }
 
     fn dev_word(&self, i: u32) -> CUdeviceptr {
@@ -206,6 +244,68 @@ impl LeaseBoard {
     }
 }
 
+/// A reactor's progress marker on its context's copy stream: a board word the stream writes a
+/// rising sequence number into after each batch of copies. The reactor reads it from the host
+/// to know which batches are done (so it never needs an event, whose creation the driver may
+/// hold back; see [`LeaseBoard::copy_stream`]).
+pub(crate) struct CopyFence {
+    board: Arc<LeaseBoard>,
+    word: u32,
+    last: std::sync::atomic::AtomicU32,
+}
+
+impl CopyFence {
+    /// A fence on `board`'s copy stream (one board word, taken until [`close`](Self::close)).
+    pub(crate) fn new(board: &Arc<LeaseBoard>) -> Result<Self, String> {
+        let (word, _) = board.acquire()?;
+        Ok(CopyFence {
+            board: board.clone(),
+            word,
+            last: std::sync::atomic::AtomicU32::new(board.host_word(word)),
+        })
+    }
+
+    /// The copy stream the fence marks.
+    pub(crate) fn stream(&self) -> sys::CUstream {
+        self.board.copy_stream
+    }
+
+    /// Queues the next sequence number on the copy stream (after everything queued there)
+    /// and returns it. Call with the context bound.
+    pub(crate) fn signal(&self) -> Result<u32, String> {
+        let seq = self.last.load(Ordering::Relaxed).wrapping_add(1);
+        // SAFETY: the copy stream is live for the process and of the board's context (bound
+        // by the caller); the word is device-mapped and lives for the process.
+        unsafe {
+            self.board
+                .ops
+                .write(self.board.copy_stream, self.board.dev_word(self.word), seq)?
+        };
+        self.last.store(seq, Ordering::Relaxed);
+        Ok(seq)
+    }
+
+    /// Whether the copy stream has passed the signal `seq` (and so everything before it).
+    pub(crate) fn passed(&self, seq: u32) -> bool {
+        (self.board.host_word(self.word).wrapping_sub(seq) as i32) >= 0
+    }
+
+    /// Gives the word back once every signal has landed (else it stays out: the stream may
+    /// still write it).
+    pub(crate) fn close(self) {
+        let last = self.last.load(Ordering::Relaxed);
+        if !self.passed(last) {
+            return;
+        }
+        let mut st = self.board.state.lock().unwrap_or_else(|p| p.into_inner());
+        // A lease taking this word next waits for generation + 1: the word must read as the
+        // last generation handed out (released), whatever sequence it reached.
+        self.board
+            .set_host_word(self.word, st.generations[self.word as usize]);
+        st.free.push(self.word);
+    }
+}
+
 /// The lease board of `ctx`, set up (and probed) on first use; `Err` says why leases are
 /// unusable on this context.
 pub(crate) fn board(ctx: &Arc<CudaContext>) -> Result<Arc<LeaseBoard>, String> {
@@ -213,8 +313,20 @@ pub(crate) fn board(ctx: &Arc<CudaContext>) -> Result<Arc<LeaseBoard>, String> {
     static BOARDS: Mutex<Boards> = Mutex::new(Vec::new());
     let key = ctx.cu_ctx() as usize;
     let mut boards = BOARDS.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, b)) = boards.iter().find(|(k, _)| *k == key) {
-        return b.clone();
+    if let Some(i) = boards.iter().position(|(k, _)| *k == key) {
+        match &boards[i].1 {
+            Ok(b) if ctx.bind_to_thread().is_ok() && b.registered() => return Ok(b.clone()),
+            Ok(_) => {
+                // The context was reset under the board: its device addresses are gone. Leases
+                // still out on it keep it (and its mapping) alive; new ones get a new board.
+                tracing::warn!(
+                    device = ctx.ordinal(),
+                    "gpuio lease words lost their registration (context reset); registering anew"
+                );
+                let _stale = boards.remove(i);
+            }
+            Err(why) => return Err(why.clone()),
+        }
     }
     let b = LeaseBoard::new(ctx).map(Arc::new);
     if let Err(why) = &b {
@@ -246,7 +358,9 @@ pub(crate) struct DeviceLease {
     word: u32,
     generation: u32,
     /// Recorded on S before the wait: earlier work on the memory is done once it completes.
-    e0: CudaEvent,
+    /// Goes back to the event pool on drop (the reactor may drop the last reference, and must
+    /// not destroy events: see [`LeaseBoard::copy_stream`]).
+    e0: Option<CudaEvent>,
     /// Recorded on S after the wait: the word may be reused once it completes.
     e1: Mutex<Option<CudaEvent>>,
     state: AtomicU8,
@@ -258,11 +372,19 @@ impl DeviceLease {
         &self.board.ctx
     }
 
+    /// The board the lease's word is on (its copy stream serves the lease's copies).
+    pub(crate) fn board(&self) -> &Arc<LeaseBoard> {
+        &self.board
+    }
+
     /// Whether work queued on the destination's stream before the lease has completed (the
     /// reactor copies nothing before). Call with the context bound.
     pub(crate) fn prior_work_done(&self) -> Result<bool, String> {
+        let Some(e0) = self.e0.as_ref() else {
+            return Ok(true);
+        };
         // SAFETY: the event is alive (owned) and of the bound context.
-        match unsafe { event::query(self.e0.cu_event()) } {
+        match unsafe { event::query(e0.cu_event()) } {
             Ok(()) => Ok(true),
             Err(e) if e.0 == CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             Err(e) => Err(format!(
@@ -325,6 +447,9 @@ impl DeviceLease {
 
 impl Drop for DeviceLease {
     fn drop(&mut self) {
+        if let Some(e0) = self.e0.take() {
+            EVENT_POOL.put(e0);
+        }
         if self.state.load(Ordering::SeqCst) == RELEASED || self.release_unused() {
             return;
         }
@@ -385,7 +510,7 @@ pub(crate) fn take(
         board: board.clone(),
         word,
         generation,
-        e0,
+        e0: Some(e0),
         e1: Mutex::new(None),
         state: AtomicU8::new(HELD),
     };

@@ -19,8 +19,8 @@
 //!   completed, polled without blocking; if a context dies with copies queued, their slots (and
 //!   the pool) are leaked rather than reused.
 //!
-//! Reads of at least [`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN) bytes take a **device
-//! lease** instead (`lease`): the destination's stream waits on a word the reactor writes,
+//! With leases turned on (`EngineBuilder::device_leases`, off by default), large reads take a
+//! **device lease** instead (`lease`): the destination's stream waits on a word the reactor writes,
 //! on its own copy stream, after it has copied every piece itself; the same three points hold
 //! because everything queued on the destination's stream (kernels, the free, any reuse) runs
 //! after that wait, whether or not the future is ever polled again.

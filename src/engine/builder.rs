@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::sync::mpsc::{channel, sync_channel};
 
 use super::{
-    Backend, BackendInfo, DEFAULT_LEASE_MIN, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine,
-    EngineInner,
+    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner,
 };
 use crate::buf::arena::{BounceArena, MIN_SLOT};
 use crate::error::{Context, Error, OpKind, Result};
@@ -60,7 +59,7 @@ impl Default for EngineBuilder {
             pread_threads: None,
             punt_min: Some(64 << 10),
             residency_aware: true,
-            lease_min: Some(DEFAULT_LEASE_MIN),
+            lease_min: None,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -246,12 +245,20 @@ impl EngineBuilder {
         self
     }
 
-    /// Reads into device memory of at least `bytes` (default [`DEFAULT_LEASE_MIN`]) hold the
-    /// destination's stream with a device lease and let the reactor copy each piece into the
-    /// memory itself, many pieces per driver call, instead of the future copying in `poll`
-    /// (`None`: never). Where a lease cannot be taken (see `gpuio check`: the driver, the
-    /// stream) the future copies, as with `None`. Either way the future resolves once every
-    /// copy is queued ahead of later work on the stream.
+    /// Reads into device memory of at least `min_bytes` ([`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN) is a good
+    /// value) hold the destination's stream with a device lease and let the reactor copy each
+    /// piece into the memory itself, many pieces per driver call, instead of the future copying
+    /// in `poll` (`None`, the default: never). Where a lease cannot be taken (see `gpuio check`:
+    /// the driver, the stream) the future copies, as with `None`. Either way the future
+    /// resolves once every copy is queued ahead of later work on the stream.
+    ///
+    /// Off by default, for a measured reason: while a leased read is in flight, a
+    /// *device-synchronizing* driver call on another thread (`cuMemFree`/`cudaFree`, as
+    /// `torch.cuda.empty_cache()` makes; `cuCtxSynchronize` is fine) waits for the leased
+    /// stream and, meanwhile, the driver holds back the reactor's copies that would end the
+    /// lease: the process hangs. Turn leases on where nothing in the process frees device
+    /// memory synchronously while reads run (cudarc frees stream-ordered), and see
+    /// `docs/device-leases.md`.
     pub fn device_leases(mut self, min_bytes: Option<usize>) -> Self {
         self.lease_min = min_bytes;
         self

@@ -15,10 +15,10 @@ pub use builder::EngineBuilder;
 /// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
 pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
 
-/// Smallest read into device memory that takes a device lease by default (see
-/// [`EngineBuilder::device_leases`]). Below it the future copies in `poll`: a lease costs
-/// three more driver calls on the caller's thread and orders reads that share a stream one
-/// after another, which small reads feel and large ones do not.
+/// A good smallest read into device memory to take a device lease where leases are turned on
+/// (they are off by default: see [`EngineBuilder::device_leases`]). Below it the future copies
+/// in `poll`: a lease costs three more driver calls on the caller's thread and orders reads
+/// that share a stream one after another, which small reads feel and large ones do not.
 pub const DEFAULT_LEASE_MIN: usize = 64 * 1024;
 
 /// How long a request waits for bounce memory that nothing in flight can give back before the

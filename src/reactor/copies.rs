@@ -15,15 +15,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::result::stream;
+use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
-use cudarc::driver::{CudaContext, CudaStream};
 
 use super::Reactor;
-use crate::cuda::event::{EVENT_POOL, EventGate};
+use crate::cuda::lease::CopyFence;
 use crate::cuda::memops::{copy_one, memops};
 use crate::error::Error;
-use crate::op::gate::Gated;
+use crate::op::gate::{Gate, GateState, Gated};
 use crate::op::msg::Msg;
 use crate::op::request::LeasedDst;
 use crate::op::{OpShared, ReadyPiece};
@@ -33,13 +32,31 @@ pub(super) const PRIOR_WORK_POLL: Duration = Duration::from_micros(20);
 /// Most copies in one driver call.
 const MAX_BATCH: usize = 1024;
 
-/// A context's copy stream (created non-blocking, never counted by cudarc as one of the
-/// user's streams, so creating it synchronizes nothing).
+/// A context's copy stream as this reactor uses it: the stream itself belongs to the context's
+/// lease board (made on a caller's thread, kept for the process), the fence is this
+/// reactor's. Nothing here makes a driver call that creates anything: with a user's thread
+/// inside a call that waits on a leased stream, the driver holds such calls back (measured for
+/// `cuEventCreate`), and the reactor must keep issuing the copies that end the wait.
 struct CopyStream {
     ctx: Arc<CudaContext>,
     raw: CUstream,
-    /// The same stream, borrowed, for recording events through cudarc.
-    wrapped: Arc<CudaStream>,
+    fence: Arc<CopyFence>,
+}
+
+/// The slots of a batch go back once the copy stream has passed the batch's fence signal.
+struct FenceGate {
+    fence: Arc<CopyFence>,
+    seq: u32,
+}
+
+impl Gate for FenceGate {
+    fn poll(&self) -> GateState {
+        if self.fence.passed(self.seq) {
+            GateState::Open
+        } else {
+            GateState::Closed
+        }
+    }
 }
 
 /// A leased read in the op table.
@@ -50,6 +67,9 @@ pub(super) struct LeasedOp {
     prior_done: bool,
     /// Read pieces waiting for their copy.
     pending: Vec<ReadyPiece>,
+    /// Bounce bytes this op holds while its prior work is not done (counted in
+    /// `Copies::speculative`).
+    spec_bytes: usize,
 }
 
 /// The reactor's copy streams and the ops whose pieces wait for a copy.
@@ -58,15 +78,33 @@ pub(super) struct Copies {
     streams: Vec<CopyStream>,
     /// Ops with pending pieces (checked against the table: a key may have been reused).
     waiting: Vec<(usize, Arc<OpShared>)>,
+    /// Ops taken off the run queue because their prior work is not done and the speculative
+    /// budget is spent.
+    parked: Vec<(usize, Arc<OpShared>)>,
+    /// Bounce bytes held by leased ops whose prior work is not done. Such an op's pieces cannot
+    /// be copied, and the work it waits for may be another leased op's (a later read on the
+    /// same stream waits for an earlier one's release): were they free to take every slot, the
+    /// earlier op could never read its pieces. They share at most the per-op window; the rest
+    /// of the pool always serves ops whose copies can go.
+    speculative: usize,
     /// The batched call failed once: copies go one by one from then on.
     batch_failed: bool,
 }
 
 impl Copies {
-    /// Whether pieces wait for a lease's first event (the reactor then looks again soon).
+    /// Whether pieces or ops wait for a lease's first event (the reactor then looks again
+    /// soon).
     pub(super) fn waiting(&self) -> bool {
-        !self.waiting.is_empty()
+        !self.waiting.is_empty() || !self.parked.is_empty()
     }
+}
+
+/// What the scheduler may do with a leased op's next piece.
+pub(super) enum LeaseGate {
+    /// Start it (its prior work is done, or the speculative budget has room).
+    Go,
+    /// Take the op off the run queue until its prior work is done.
+    Park,
 }
 
 /// One copy of a batch, and the op it serves.
@@ -87,7 +125,7 @@ impl Reactor {
             dst.lease.release_unused();
             return None;
         }
-        match self.copy_stream(dst.lease.context()) {
+        match self.copy_stream(&dst) {
             Ok(stream) => {
                 self.engine
                     .leased_reads
@@ -97,6 +135,7 @@ impl Reactor {
                     stream,
                     prior_done: false,
                     pending: Vec::new(),
+                    spec_bytes: 0,
                 })
             }
             Err(why) => {
@@ -107,7 +146,8 @@ impl Reactor {
         }
     }
 
-    fn copy_stream(&mut self, ctx: &Arc<CudaContext>) -> Result<usize, String> {
+    fn copy_stream(&mut self, dst: &LeasedDst) -> Result<usize, String> {
+        let ctx = dst.lease.context();
         if let Some(i) = self
             .copies
             .streams
@@ -116,19 +156,81 @@ impl Reactor {
         {
             return Ok(i);
         }
-        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-        let raw = stream::create(stream::StreamKind::NonBlocking)
-            .map_err(|e| format!("creating the copy stream: {e}"))?;
-        // SAFETY: `raw` is a live stream of `ctx`, destroyed only by `close_copy_streams`
-        // after every use of the wrapper (event records) has ended; work on it is ordered by
-        // the reactor itself.
-        let wrapped = unsafe { ctx.wrap_borrowed_stream(raw) };
+        let fence = Arc::new(CopyFence::new(dst.lease.board())?);
         self.copies.streams.push(CopyStream {
             ctx: ctx.clone(),
-            raw,
-            wrapped,
+            raw: fence.stream(),
+            fence,
         });
         Ok(self.copies.streams.len() - 1)
+    }
+
+    /// Before a leased op's next piece takes a slot: whether it may (see
+    /// `Copies::speculative`). Ops without a lease always may.
+    pub(super) fn lease_gate(&mut self, key: usize, piece_len: usize) -> LeaseGate {
+        let budget = self.op_window;
+        let op = &mut self.ops[key];
+        let Some(l) = op.leased.as_mut() else {
+            return LeaseGate::Go;
+        };
+        if l.prior_done || prior_done_now(l, &self.copies.streams) {
+            self.copies.speculative -= std::mem::take(&mut l.spec_bytes);
+            l.prior_done = true;
+            return LeaseGate::Go;
+        }
+        if self.copies.speculative == 0 || self.copies.speculative + piece_len <= budget {
+            return LeaseGate::Go;
+        }
+        self.copies.parked.push((key, op.shared.clone()));
+        LeaseGate::Park
+    }
+
+    /// A slot was taken (`taken`) or given back by `key`: the speculative count follows.
+    pub(super) fn lease_slot(&mut self, key: usize, bytes: usize, taken: bool) {
+        let Some(l) = self.ops[key].leased.as_mut() else {
+            return;
+        };
+        if taken && !l.prior_done {
+            l.spec_bytes += bytes;
+            self.copies.speculative += bytes;
+        } else if !taken {
+            let d = bytes.min(l.spec_bytes);
+            l.spec_bytes -= d;
+            self.copies.speculative -= d;
+        }
+    }
+
+    /// Parked ops go back to the run queue once their prior work is done, the budget has
+    /// room again, or they stopped (the scheduler then finishes them).
+    fn unpark(&mut self) {
+        if self.copies.parked.is_empty() {
+            return;
+        }
+        let parked = std::mem::take(&mut self.copies.parked);
+        for (key, shared) in parked {
+            if !self.is_live(key, &shared) {
+                continue;
+            }
+            let room = self.copies.speculative < self.op_window;
+            let op = &mut self.ops[key];
+            let stopped = op.stopped();
+            let go = match op.leased.as_mut() {
+                None => true,
+                Some(l) => {
+                    if !l.prior_done && prior_done_now(l, &self.copies.streams) {
+                        self.copies.speculative -= std::mem::take(&mut l.spec_bytes);
+                        l.prior_done = true;
+                    }
+                    l.prior_done || room || stopped
+                }
+            };
+            if !go {
+                self.copies.parked.push((key, shared));
+            } else if !op.in_runnable {
+                op.in_runnable = true;
+                self.runnable.push_back(key);
+            }
+        }
     }
 
     /// A completed read piece of a leased op: it waits here for its copy.
@@ -165,6 +267,7 @@ impl Reactor {
 
     /// Queues the lease's release on its copy stream, after every copy queued for it.
     pub(super) fn end_lease(&mut self, l: LeasedOp) -> Result<(), String> {
+        self.copies.speculative -= l.spec_bytes;
         let cs = &self.copies.streams[l.stream];
         cs.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
         // SAFETY: `cs.raw` is the live copy stream of the lease's context, bound above, and
@@ -181,6 +284,7 @@ impl Reactor {
     /// Issues copies for every pending piece whose op's prior work is done, one batch per
     /// copy stream, and finishes the ops this completes.
     pub(super) fn issue_copies(&mut self) {
+        self.unpark();
         if self.copies.waiting.is_empty() {
             return;
         }
@@ -210,7 +314,10 @@ impl Reactor {
                 let cs = &self.copies.streams[l.stream];
                 let _ = cs.ctx.bind_to_thread();
                 match l.dst.lease.prior_work_done() {
-                    Ok(true) => l.prior_done = true,
+                    Ok(true) => {
+                        self.copies.speculative -= std::mem::take(&mut l.spec_bytes);
+                        l.prior_done = true;
+                    }
                     Ok(false) => {
                         self.copies.waiting.push((key, shared));
                         continue;
@@ -266,22 +373,19 @@ impl Reactor {
             .bind_to_thread()
             .map_err(|e| format!("{e:?}"))
             .and_then(|()| queue_jobs(cs.raw, &jobs, &mut self.copies.batch_failed))
-            .and_then(|()| {
-                EVENT_POOL
-                    .record(&cs.wrapped)
-                    .map_err(|e| format!("recording the copies' event: {e}"))
+            .and_then(|()| cs.fence.signal())
+            .map(|seq| FenceGate {
+                fence: cs.fence.clone(),
+                seq,
             });
         match issued {
-            Ok(ev) => {
+            Ok(gate) => {
                 let releases = slots
                     .into_iter()
                     .map(|(s, p)| Msg::Release(s, p.into_iter().map(|p| p.slot).collect()))
                     .collect();
-                self.gated.push(Gated::new(
-                    Box::new(EventGate::new(ev)),
-                    Msg::Many(releases),
-                    &self.arena,
-                ));
+                self.gated
+                    .push(Gated::new(Box::new(gate), Msg::Many(releases), &self.arena));
             }
             Err(why) => {
                 for j in &jobs {
@@ -312,16 +416,22 @@ impl Reactor {
         }
     }
 
-    /// After an orderly drain: the copy streams go (queued work, if any, still completes).
+    /// After an orderly drain: the fences go back to their boards (the copy streams stay
+    /// with the boards, for the process).
     pub(super) fn close_copy_streams(&mut self) {
         for cs in self.copies.streams.drain(..) {
-            if cs.ctx.bind_to_thread().is_ok() {
-                drop(cs.wrapped);
-                // SAFETY: the stream is ours; the driver finishes queued work before freeing it.
-                let _ = unsafe { stream::destroy(cs.raw) };
+            if let Ok(fence) = Arc::try_unwrap(cs.fence) {
+                fence.close();
             }
         }
     }
+}
+
+/// Whether the lease's prior work has completed, asked now (an error counts as done: the
+/// copy step then reports it).
+fn prior_done_now(l: &LeasedOp, streams: &[CopyStream]) -> bool {
+    let _ = streams[l.stream].ctx.bind_to_thread();
+    !matches!(l.dst.lease.prior_work_done(), Ok(false))
 }
 
 /// Queues the copies: pinned sources in batches where the driver has batched copies, the

@@ -85,10 +85,20 @@ impl Reactor {
                     self.runnable.pop_front();
                     continue;
                 }
+                #[cfg(feature = "cuda")]
+                if let super::copies::LeaseGate::Park = self.lease_gate(key, piece.len) {
+                    let op = &mut self.ops[key];
+                    op.in_runnable = false;
+                    self.runnable.pop_front();
+                    continue;
+                }
+                let op = &mut self.ops[key];
                 let on_device = op.gds && piece.via == Via::Main;
                 match self.slots.alloc(on_device, piece.len) {
                     Some(s) => {
                         op.held_bytes += s.size();
+                        #[cfg(feature = "cuda")]
+                        self.lease_slot(key, s.size(), true);
                         Some(s)
                     }
                     None => {
@@ -112,6 +122,7 @@ impl Reactor {
                     }
                 }
             };
+            let op = &mut self.ops[key];
             if retried {
                 op.retry.pop();
             } else {

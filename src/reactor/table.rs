@@ -534,6 +534,8 @@ impl Reactor {
     /// stopped it.
     pub(super) fn free_op_slot(&mut self, key: usize, slot: BounceSlot) {
         self.slots.free(slot);
+        #[cfg(feature = "cuda")]
+        self.lease_slot(key, slot.size(), false);
         let op = &mut self.ops[key];
         op.held_bytes -= slot.size();
         if op.window_blocked && op.held_bytes < self.op_window {

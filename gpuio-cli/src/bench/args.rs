@@ -145,11 +145,13 @@ pub struct BenchArgs {
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     pub(crate) no_residency: bool,
-    /// Smallest read into GPU memory whose copies the reactor issues under a device lease
-    /// (default 64K; `EngineBuilder::device_leases`).
+    /// Turns device leases on: the smallest read into GPU memory whose copies the reactor
+    /// issues under a lease (64K is a good value; `EngineBuilder::device_leases`, off by
+    /// default).
     #[arg(long, value_parser = validate::positive_size)]
     pub(crate) lease_min: Option<ByteSize>,
-    /// Every read's future issues its own device copies (no device leases).
+    /// Every read's future issues its own device copies (no device leases: the default; wins
+    /// over `--lease-min`).
     #[arg(long)]
     pub(crate) no_leases: bool,
     /// Seconds to run each point (at most a year).
