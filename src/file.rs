@@ -361,6 +361,7 @@ impl File {
                     offset,
                     stream: None,
                     error: None,
+                    lease: None,
                 })
             }
         };

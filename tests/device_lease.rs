@@ -1,4 +1,5 @@
-//! Device leases (reads whose copies the reactor issues): data lands; dropping or leaking a
+//! Device leases (reads whose copies the reactor issues; `EngineBuilder::device_leases`, whose
+//! contract these tests keep): data lands; dropping or leaking a
 //! leased read mid-flight, then freeing and reallocating its memory, never lets a copy touch
 //! memory the caller got back (canaries around it, fresh allocations after it), with cudarc's
 //! event tracking on and off and with `on_stream`; a dropped read releases its stream; a
@@ -19,6 +20,7 @@ use gpuio::{Engine, OpenOptions};
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn gpu_with_leases(test: &str) -> Option<Arc<CudaContext>> {
+    backtrace_on_segv();
     if !gpuio::cuda::available() {
         let p = gpuio::cuda::probe();
         skipped(format!(
@@ -32,6 +34,21 @@ fn gpu_with_leases(test: &str) -> Option<Arc<CudaContext>> {
         return None;
     }
     Some(gpuio::cuda::context(0).expect("CUDA context"))
+}
+
+/// Builds with device leases on.
+trait BuildLeased {
+    fn build_leased(self) -> Engine;
+}
+
+impl BuildLeased for gpuio::EngineBuilder {
+    fn build_leased(self) -> Engine {
+        // SAFETY: these tests free a leaked read's destination only after its stream has
+        // passed the read (`stream_done_within`), and free nothing synchronously.
+        unsafe { self.device_leases(Some(gpuio::DEFAULT_LEASE_MIN)) }
+            .build()
+            .unwrap()
+    }
 }
 
 fn d2h(stream: &Arc<CudaStream>, d: &CudaSlice<u8>) -> Vec<u8> {
@@ -59,9 +76,7 @@ fn engine() -> Engine {
         .chunk_size(1 << 20)
         .queue_depth(8)
         .bounce_slots(64)
-        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
-        .unwrap()
+        .build_leased()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -180,6 +195,11 @@ async fn abandoned_leased_reads_never_touch_returned_memory() {
                     let fut = if on_x { fut.on_stream(&x) } else { fut };
                     abandon_mid_flight(fut, 2, leak);
                 }
+                if leak {
+                    // The contract of `device_leases`: a leaked read's destination is freed
+                    // only once its stream has passed the read. A dropped one at once.
+                    stream_done_within(&s, Duration::from_secs(60), &what).await;
+                }
                 drop(doomed);
                 let fresh: Vec<CudaSlice<u8>> = (0..4)
                     .map(|i| {
@@ -220,9 +240,7 @@ async fn a_dropped_leased_read_releases_its_stream() {
         .chunk_size(1 << 20)
         .queue_depth(2)
         .bounce_slots(8)
-        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
-        .unwrap();
+        .build_leased();
     let f = engine.open(&path).unwrap();
     let s = ctx.new_stream().unwrap();
     let mut d = s.alloc_zeros::<u8>(LEN).unwrap();
@@ -256,9 +274,7 @@ async fn a_dying_reactor_releases_its_leases() {
         .chunk_size(1 << 20)
         .queue_depth(2)
         .bounce_slots(16)
-        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
-        .unwrap();
+        .build_leased();
     let f = engine.open(&path).unwrap();
     let streams: Vec<Arc<CudaStream>> = (0..4).map(|_| ctx.new_stream().unwrap()).collect();
     let mut wholes: Vec<CudaSlice<u8>> = streams
@@ -310,10 +326,7 @@ async fn many_streams_and_reads_sharing_a_stream_complete() {
     const SMALL: usize = 256 << 10;
     let dir = tmpdir();
     let (path, want) = test_file(dir.path(), "m", BIG + SMALL, 45);
-    let engine = Engine::builder()
-        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
-        .unwrap();
+    let engine = Engine::builder().build_leased();
     let f = engine.open(&path).unwrap();
     let streams: Vec<Arc<CudaStream>> = (0..STREAMS).map(|_| ctx.new_stream().unwrap()).collect();
     let mut bigs: Vec<CudaSlice<u8>> = streams
@@ -364,9 +377,7 @@ async fn later_reads_on_a_stream_never_starve_earlier_ones() {
         .chunk_size(1 << 20)
         .queue_depth(8)
         .bounce_slots(8)
-        .device_leases(Some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
-        .unwrap();
+        .build_leased();
     let f = engine.open(&path).unwrap();
     let s = ctx.new_stream().unwrap();
     let mut dsts: Vec<CudaSlice<u8>> = (0..READS).map(|_| s.alloc_zeros(LEN).unwrap()).collect();

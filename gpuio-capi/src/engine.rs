@@ -144,10 +144,11 @@ fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
     if s.no_residency != 0 {
         b = b.residency_aware(false);
     }
-    match s.lease_min {
-        0 => {}
-        u64::MAX => b = b.device_leases(None),
-        n => b = b.device_leases(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+    if s.lease_min != 0 && s.lease_min != u64::MAX {
+        let min = usize::try_from(s.lease_min).unwrap_or(usize::MAX);
+        // SAFETY: the C contract (header: buffers stay valid until their request completes,
+        // and `lease_min`'s comment: no synchronous frees while reads run) is the builder's.
+        b = unsafe { b.device_leases(Some(min)) };
     }
     Ok(b)
 }

@@ -320,10 +320,10 @@ async fn measure(
     if a.no_residency {
         builder = builder.residency_aware(false);
     }
-    if a.no_leases {
-        builder = builder.device_leases(None);
-    } else if let Some(m) = a.lease_min {
-        builder = builder.device_leases(Some(m.0 as usize));
+    if let (false, Some(m)) = (a.no_leases, a.lease_min) {
+        // SAFETY: the bench never leaks a read future, frees its destinations only after
+        // every read into them has completed, and frees nothing synchronously meanwhile.
+        builder = unsafe { builder.device_leases(Some(m.0 as usize)) };
     }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {

@@ -43,11 +43,17 @@ pub struct ReadArgs {
 
 /// The engine `gpuio read` runs on: the chosen backend, residency-aware unless told not.
 fn engine(a: &ReadArgs) -> gpuio::Result<Engine> {
-    Engine::builder()
+    let b = Engine::builder()
         .backend(a.backend)
-        .residency_aware(!a.no_residency)
-        .device_leases(a.leases.then_some(gpuio::DEFAULT_LEASE_MIN))
-        .build()
+        .residency_aware(!a.no_residency);
+    // SAFETY: `gpuio read` awaits every read to completion before freeing its destination,
+    // and frees nothing synchronously while a read runs.
+    let b = if a.leases {
+        unsafe { b.device_leases(Some(gpuio::DEFAULT_LEASE_MIN)) }
+    } else {
+        b
+    };
+    b.build()
 }
 
 /// Bytes per read request. A multiple of 8, so that every window starts a new 8-byte word of

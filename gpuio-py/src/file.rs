@@ -77,9 +77,11 @@ impl Engine {
             .cufile_compat(cufile_compat)
             .residency_aware(residency_aware);
         match device_lease_min {
-            Some(-1) => {}
-            None => b = b.device_leases(None),
-            Some(n) if n > 0 => b = b.device_leases(Some(n as usize)),
+            Some(-1) | None => {}
+            // SAFETY: every op keeps its Python object (and so the memory) alive until the
+            // reactor is done with it, so no destination is freed under a read, however the
+            // caller drops or cancels; synchronous frees are the docstring's warning.
+            Some(n) if n > 0 => b = unsafe { b.device_leases(Some(n as usize)) },
             Some(n) => {
                 return Err(crate::errors::invalid(
                     py,

@@ -31,7 +31,7 @@
 //! the stream-ordered allocator (a drop would block its thread on the lease), a driver without
 //! stream memory operations, and all lease words in use.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::result::{event, stream};
@@ -364,7 +364,15 @@ pub(crate) struct DeviceLease {
     /// Recorded on S after the wait: the word may be reused once it completes.
     e1: Mutex<Option<CudaEvent>>,
     state: AtomicU8,
+    /// Reactor batches queuing copies for this lease right now, and [`STOP`]: the future was
+    /// dropped, no copy may be queued from now on (the caller may free the memory as soon as
+    /// the drop returns, and the driver forbids launching work on memory whose
+    /// `cuMemFreeAsync` has returned).
+    issuing: AtomicU32,
 }
+
+/// [`DeviceLease::issuing`]'s stop bit.
+const STOP: u32 = 1 << 31;
 
 impl DeviceLease {
     /// The context the lease's stream belongs to.
@@ -390,6 +398,31 @@ impl DeviceLease {
             Err(e) => Err(format!(
                 "the destination stream's work before the read failed: {e}"
             )),
+        }
+    }
+
+    /// The reactor is about to queue copies into the memory: false once the future was
+    /// dropped (queue none). Pair a true with [`end_issue`](Self::end_issue) once the driver
+    /// call returned.
+    pub(crate) fn begin_issue(&self) -> bool {
+        if self.issuing.fetch_add(1, Ordering::SeqCst) & STOP != 0 {
+            self.issuing.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// The copies [`begin_issue`](Self::begin_issue) allowed are queued.
+    pub(crate) fn end_issue(&self) {
+        self.issuing.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// From the dropped future: no copy is queued into the memory once this returns. Waits
+    /// (spinning: a batch's driver call, microseconds) for one being queued right now.
+    pub(crate) fn stop_copies(&self) {
+        self.issuing.fetch_or(STOP, Ordering::SeqCst);
+        while self.issuing.load(Ordering::SeqCst) & !STOP != 0 {
+            std::thread::yield_now();
         }
     }
 
@@ -513,6 +546,7 @@ pub(crate) fn take(
         e0: Some(e0),
         e1: Mutex::new(None),
         state: AtomicU8::new(HELD),
+        issuing: AtomicU32::new(0),
     };
     match EVENT_POOL.record(&s) {
         Ok(e1) => *lease.e1.lock().unwrap_or_else(|p| p.into_inner()) = Some(e1),

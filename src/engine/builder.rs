@@ -245,21 +245,31 @@ impl EngineBuilder {
         self
     }
 
-    /// Reads into device memory of at least `min_bytes` ([`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN) is a good
-    /// value) hold the destination's stream with a device lease and let the reactor copy each
-    /// piece into the memory itself, many pieces per driver call, instead of the future copying
-    /// in `poll` (`None`, the default: never). Where a lease cannot be taken (see `gpuio check`:
-    /// the driver, the stream) the future copies, as with `None`. Either way the future
-    /// resolves once every copy is queued ahead of later work on the stream.
+    /// Reads into device memory of at least `min_bytes` ([`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN)
+    /// is a good value) hold the destination's stream with a device lease and let the reactor
+    /// copy each piece into the memory itself, many pieces per driver call, instead of the
+    /// future copying in `poll` (`None`, the default: never). Where a lease cannot be taken
+    /// (see `gpuio check`: the driver, the stream) the future copies, as with `None`. Either
+    /// way the future resolves once every copy is queued ahead of later work on the stream.
     ///
-    /// Off by default, for a measured reason: while a leased read is in flight, a
-    /// *device-synchronizing* driver call on another thread (`cuMemFree`/`cudaFree`, as
-    /// `torch.cuda.empty_cache()` makes; `cuCtxSynchronize` is fine) waits for the leased
-    /// stream and, meanwhile, the driver holds back the reactor's copies that would end the
-    /// lease: the process hangs. Turn leases on where nothing in the process frees device
-    /// memory synchronously while reads run (cudarc frees stream-ordered), and see
-    /// `docs/device-leases.md`.
-    pub fn device_leases(mut self, min_bytes: Option<usize>) -> Self {
+    /// Off by default, and `unsafe`, for reasons measured on the GPU (`docs/device-leases.md`,
+    /// section 7).
+    ///
+    /// # Safety
+    /// With leases on, the caller guarantees, for the engine's life:
+    /// - a read future into device memory that is leaked (`mem::forget`, a leaked `Box`, a
+    ///   reference cycle: anything that skips its drop) does not have its destination freed
+    ///   until the destination's stream has passed the read (`stream.synchronize()` returned).
+    ///   The reactor goes on queuing copies into the memory after the leak, and the driver
+    ///   forbids queuing work on memory once its `cuMemFreeAsync` has returned (its batched
+    ///   copy faults on such memory: measured). A dropped future is fine: its drop stops the
+    ///   copies before it returns;
+    /// - nothing in the process frees device memory synchronously (`cuMemFree`, `cudaFree`,
+    ///   as `torch.cuda.empty_cache()` does) while a leased read is in flight: that call waits
+    ///   for the leased stream while the driver holds back the reactor's copies that would end
+    ///   the lease, and the process hangs. cudarc frees stream-ordered; leases are refused on
+    ///   devices without the stream-ordered allocator.
+    pub unsafe fn device_leases(mut self, min_bytes: Option<usize>) -> Self {
         self.lease_min = min_bytes;
         self
     }

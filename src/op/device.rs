@@ -82,6 +82,17 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) offset: u64,
     pub(crate) stream: Option<Arc<CudaStream>>,
     pub(crate) error: Option<Error>,
+    /// The read's device lease, if it took one: dropping the future stops the reactor's
+    /// copies into the memory before the borrow ends.
+    pub(crate) lease: Option<Arc<crate::cuda::lease::DeviceLease>>,
+}
+
+impl Drop for DeviceCopyOut<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.stop_copies();
+        }
+    }
 }
 
 impl Transfer for DeviceCopyOut<'_> {
@@ -155,6 +166,7 @@ impl Transfer for DeviceCopyOut<'_> {
         }
         match crate::cuda::lease::take(self.dst, self.stream.as_ref()) {
             Ok((lease_taken, ptr)) => {
+                self.lease = Some(lease_taken.clone());
                 *lease = Some(LeasedDst {
                     lease: lease_taken,
                     ptr,

@@ -19,7 +19,7 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
 
 use super::Reactor;
-use crate::cuda::lease::CopyFence;
+use crate::cuda::lease::{CopyFence, DeviceLease};
 use crate::cuda::memops::{copy_one, memops};
 use crate::error::Error;
 use crate::op::gate::{Gate, GateState, Gated};
@@ -293,6 +293,9 @@ impl Reactor {
         let mut slots: Vec<Vec<(Arc<OpShared>, Vec<ReadyPiece>)>> =
             (0..self.copies.streams.len()).map(|_| Vec::new()).collect();
         let mut touched = Vec::new();
+        // Leases whose copies are being queued: their futures' drops wait until the batch
+        // call has returned (`DeviceLease::stop_copies`).
+        let mut issuing: Vec<Arc<DeviceLease>> = Vec::new();
         for (key, shared) in waiting {
             if !self.is_live(key, &shared) {
                 continue;
@@ -331,6 +334,13 @@ impl Reactor {
                     }
                 }
             }
+            if !l.dst.lease.begin_issue() {
+                // The future was dropped: its Cancel is queued; the op stops next turn and its
+                // pieces go back then.
+                self.copies.waiting.push((key, shared));
+                continue;
+            }
+            issuing.push(l.dst.lease.clone());
             let pieces = std::mem::take(&mut l.pending);
             l.dst.lease.copies_queued();
             for p in &pieces {
@@ -351,6 +361,9 @@ impl Reactor {
             if !slots.is_empty() {
                 self.run_batch(i, jobs, slots);
             }
+        }
+        for lease in issuing {
+            lease.end_issue();
         }
         for key in touched {
             if self.ops.contains(key) {

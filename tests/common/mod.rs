@@ -265,3 +265,20 @@ pub fn differing(got: &[u8], want: &[u8]) -> usize {
         got.iter().zip(want).filter(|(a, b)| a != b).count() + got.len().abs_diff(want.len())
     }
 }
+
+/// Prints a backtrace of the faulting thread on SIGSEGV (a GPU machine has no debugger):
+/// diagnosis only; the process then aborts as it would have.
+#[allow(dead_code)]
+pub fn backtrace_on_segv() {
+    extern "C" fn on_segv(sig: libc::c_int) {
+        let bt = std::backtrace::Backtrace::force_capture();
+        eprintln!(
+            "signal {sig} on thread {:?}\n{bt}",
+            std::thread::current().name()
+        );
+        std::process::abort();
+    }
+    // SAFETY: installs a handler for SIGSEGV; the handler is not async-signal-safe, which is
+    // acceptable for a process that is about to abort anyway.
+    unsafe { libc::signal(libc::SIGSEGV, on_segv as *const () as libc::sighandler_t) };
+}
