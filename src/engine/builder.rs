@@ -253,7 +253,10 @@ impl EngineBuilder {
     /// way the future resolves once every copy is queued ahead of later work on the stream.
     ///
     /// Off by default, and `unsafe`, for reasons measured on the GPU (`docs/device-leases.md`,
-    /// section 7).
+    /// section 7). Experimental: leased reads deadlock once the copy stream shares one of the
+    /// driver's `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues with a stream held by a lease
+    /// (measured on the H100: 4 KiB reads on eight streams hang at the default of 8 queues,
+    /// one stream hangs with 1); how many streams a program uses decides it.
     ///
     /// # Safety
     /// With leases on, the caller guarantees, for the engine's life:
