@@ -265,6 +265,11 @@ impl CopyFence {
         })
     }
 
+    /// The board (and copy stream) the fence is on.
+    pub(crate) fn board(&self) -> &Arc<LeaseBoard> {
+        &self.board
+    }
+
     /// The copy stream the fence marks.
     pub(crate) fn stream(&self) -> sys::CUstream {
         self.board.copy_stream

@@ -70,6 +70,8 @@ pub(super) struct LeasedOp {
     /// Bounce bytes this op holds while its prior work is not done (counted in
     /// `Copies::speculative`).
     spec_bytes: usize,
+    /// Asking whether the prior work is done failed: the op fails with this before any copy.
+    prior_error: Option<String>,
 }
 
 /// The reactor's copy streams and the ops whose pieces wait for a copy.
@@ -96,6 +98,17 @@ impl Copies {
     /// soon).
     pub(super) fn waiting(&self) -> bool {
         !self.waiting.is_empty() || !self.parked.is_empty()
+    }
+}
+
+/// Leases whose copies the current batch queues; each ends its issue when this drops.
+struct Issuing(Vec<Arc<DeviceLease>>);
+
+impl Drop for Issuing {
+    fn drop(&mut self) {
+        for lease in &self.0 {
+            lease.end_issue();
+        }
     }
 }
 
@@ -136,6 +149,7 @@ impl Reactor {
                     prior_done: false,
                     pending: Vec::new(),
                     spec_bytes: 0,
+                    prior_error: None,
                 })
             }
             Err(why) => {
@@ -148,11 +162,13 @@ impl Reactor {
 
     fn copy_stream(&mut self, dst: &LeasedDst) -> Result<usize, String> {
         let ctx = dst.lease.context();
+        // By board, not by context handle: after a context reset the handle stays and the
+        // board (with its copy stream) is made anew.
         if let Some(i) = self
             .copies
             .streams
             .iter()
-            .position(|s| s.ctx.cu_ctx() == ctx.cu_ctx())
+            .position(|s| Arc::ptr_eq(s.fence.board(), dst.lease.board()))
         {
             return Ok(i);
         }
@@ -295,7 +311,9 @@ impl Reactor {
         let mut touched = Vec::new();
         // Leases whose copies are being queued: their futures' drops wait until the batch
         // call has returned (`DeviceLease::stop_copies`).
-        let mut issuing: Vec<Arc<DeviceLease>> = Vec::new();
+        // A guard: a panic on the way (the reactor then dies) still ends the issue, or the
+        // future's drop would wait for ever.
+        let mut issuing = Issuing(Vec::new());
         for (key, shared) in waiting {
             if !self.is_live(key, &shared) {
                 continue;
@@ -334,13 +352,20 @@ impl Reactor {
                     }
                 }
             }
+            if let Some(why) = l.prior_error.take() {
+                if op.error.is_none() {
+                    op.error = Some(Error::cuda_msg(op.ctx(offset), why));
+                }
+                touched.push(key);
+                continue;
+            }
             if !l.dst.lease.begin_issue() {
                 // The future was dropped: its Cancel is queued; the op stops next turn and its
                 // pieces go back then.
                 self.copies.waiting.push((key, shared));
                 continue;
             }
-            issuing.push(l.dst.lease.clone());
+            issuing.0.push(l.dst.lease.clone());
             let pieces = std::mem::take(&mut l.pending);
             l.dst.lease.copies_queued();
             for p in &pieces {
@@ -362,9 +387,7 @@ impl Reactor {
                 self.run_batch(i, jobs, slots);
             }
         }
-        for lease in issuing {
-            lease.end_issue();
-        }
+        drop(issuing);
         for key in touched {
             if self.ops.contains(key) {
                 self.maybe_finish(key);
@@ -442,9 +465,17 @@ impl Reactor {
 
 /// Whether the lease's prior work has completed, asked now (an error counts as done: the
 /// copy step then reports it).
-fn prior_done_now(l: &LeasedOp, streams: &[CopyStream]) -> bool {
+/// An error counts as done, and is kept for `issue_copies`, which fails the op with it before
+/// any copy.
+fn prior_done_now(l: &mut LeasedOp, streams: &[CopyStream]) -> bool {
     let _ = streams[l.stream].ctx.bind_to_thread();
-    !matches!(l.dst.lease.prior_work_done(), Ok(false))
+    match l.dst.lease.prior_work_done() {
+        Ok(done) => done,
+        Err(why) => {
+            l.prior_error = Some(why);
+            true
+        }
+    }
 }
 
 /// Queues the copies: pinned sources in batches where the driver has batched copies, the
