@@ -92,6 +92,7 @@ async fn leased_reads_land_and_are_counted() {
     let s = ctx.default_stream();
     let x = ctx.new_stream().unwrap();
     let before = engine.leased_reads();
+    let boards = gpuio::cuda::lease_boards_made();
     let mut leased = 0;
     for (off, len, on_x) in [
         (0u64, 64usize << 10, false),
@@ -126,6 +127,12 @@ async fn leased_reads_land_and_are_counted() {
         engine.leased_reads() - before,
         leased,
         "reads that took a lease"
+    );
+    assert!(
+        gpuio::cuda::lease_boards_made() <= boards.max(1),
+        "leases set up new boards ({} before, {} after): the board's registration check fails",
+        boards,
+        gpuio::cuda::lease_boards_made()
     );
 }
 

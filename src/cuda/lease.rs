@@ -149,6 +149,7 @@ impl LeaseBoard {
             }),
         };
         board.probe()?;
+        BOARDS_MADE.fetch_add(1, Ordering::Relaxed);
         Ok(board)
     }
 
@@ -179,13 +180,15 @@ impl LeaseBoard {
     }
 
     /// Whether the words are still registered with the driver (a context reset drops the
-    /// registration, and with it every device address of the board). Call with the context
-    /// bound.
+    /// registration, and with it every device address of the board). Asked through
+    /// `cuMemHostGetDevicePointer`, which answers for registered memory (`cuMemHostGetFlags`
+    /// answers only for `cuMemHostAlloc` memory: with it every lease made a new board). Call
+    /// with the context bound.
     fn registered(&self) -> bool {
-        let mut flags: std::ffi::c_uint = 0;
-        // SAFETY: the driver writes one flags word; `host` stays mapped for the process.
-        let r = unsafe { sys::cuMemHostGetFlags(&mut flags, self.host.cast()) };
-        r == CUresult::CUDA_SUCCESS
+        let mut dev: CUdeviceptr = 0;
+        // SAFETY: the driver writes one device pointer; `host` stays mapped for the process.
+        let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, self.host.cast(), 0) };
+        r == CUresult::CUDA_SUCCESS && dev == self.dev
     }
 
     fn dev_word(&self, i: u32) -> CUdeviceptr {
@@ -310,6 +313,10 @@ impl CopyFence {
         st.free.push(self.word);
     }
 }
+
+/// Lease boards set up in this process (one per context, and one more after each reset).
+pub(crate) static BOARDS_MADE: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
 
 /// The lease board of `ctx`, set up (and probed) on first use; `Err` says why leases are
 /// unusable on this context.

@@ -90,6 +90,14 @@ pub fn lease_support(ordinal: usize) -> std::result::Result<&'static str, String
     lease::support(&ctx)
 }
 
+/// How many device-lease boards this process has set up (one per context, one more after a
+/// context reset): for tests that leases reuse their board.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn lease_boards_made() -> usize {
+    lease::BOARDS_MADE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Whether a usable CUDA device exists (cached; cheap after the first call).
 pub fn available() -> bool {
     #[cfg(feature = "cuda")]
