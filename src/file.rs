@@ -362,6 +362,7 @@ impl File {
                     stream: None,
                     error: None,
                     lease: None,
+                    combine: None,
                 })
             }
         };

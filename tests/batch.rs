@@ -427,3 +427,75 @@ async fn device_batches_and_safetensors_views() {
     assert!(ck.view::<u16>("layer.0.bias").is_ok(), "f16 viewed as u16");
     assert!(ck.view::<f32>("layer.0.bias").is_err());
 }
+
+/// Many small reads into one device buffer: every piece's copy goes through the batch's
+/// combined flushes (one driver call for all that landed since the last poll), the data is
+/// right, and a batch dropped or leaked mid-flight writes nothing into memory freed and
+/// allocated again after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_batches_of_small_reads_combine_their_copies() {
+    const T: &str = "device_batches_of_small_reads_combine_their_copies";
+    if !gpuio::cuda::available() {
+        skipped(format!("{T}: no usable CUDA device"));
+        return;
+    }
+    let ctx = gpuio::cuda::context(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "small.bin", 16 << 20, 47);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    let mut rng = fastrand::Rng::with_seed(21);
+    let pages = data.len() / 4096;
+    // 4 KiB reads at page offsets no two of which touch (so none merge into a run).
+    let mut offsets: Vec<usize> = (0..pages / 2).map(|p| p * 2 * 4096).collect();
+    rng.shuffle(&mut offsets);
+    let descs: Vec<ReadDesc> = offsets[..1024]
+        .iter()
+        .enumerate()
+        .map(|(i, &off)| ReadDesc::new(&f, off as u64, 4096, i * 4096))
+        .collect();
+    let plan = BatchPlan::new(descs.clone());
+    let (flushes0, copies0) = gpuio::batch::combined_copies();
+    let mut dev = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
+    let r = plan.read_into(&mut dev).await.exact(&descs).unwrap();
+    assert_eq!(r, 1024 * 4096);
+    let back = stream.clone_dtoh(&dev).unwrap();
+    for (i, d) in descs.iter().enumerate() {
+        assert_eq!(
+            &back[i * 4096..(i + 1) * 4096],
+            &expected(&data, d)[..],
+            "desc {i}"
+        );
+    }
+    let (flushes, copies) = gpuio::batch::combined_copies();
+    assert!(
+        copies - copies0 >= 1024,
+        "every piece is copied by the batch: {} copies",
+        copies - copies0
+    );
+    eprintln!(
+        "{T}: 1024 reads copied in {} flushes ({} copies)",
+        flushes - flushes0,
+        copies - copies0
+    );
+    drop(dev);
+    // Abandoned at different points: before any piece landed, and with copies queued.
+    for ms in [0, 1, 3] {
+        for leak in [false, true] {
+            let mut dev = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
+            abandon_mid_flight(Box::pin(plan.read_into(&mut dev)), ms, leak);
+            drop(dev);
+            let fresh = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            assert!(
+                stream.clone_dtoh(&fresh).unwrap().iter().all(|&b| b == 0),
+                "ms={ms} leak={leak}: a copy landed in memory freed and allocated again"
+            );
+        }
+    }
+    // The engine still serves reads after the abandoned batches.
+    let mut dev = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
+    let r = plan.read_into(&mut dev).await.exact(&descs).unwrap();
+    assert_eq!(r, 1024 * 4096);
+}

@@ -1,6 +1,9 @@
 //! Batch reads into one device buffer: each run of the plan reads into its own disjoint range
 //! of the destination, all in flight at once.
 //!
+//! The runs' device copies are combined (`crate::op::combine`): every piece that landed since
+//! the last poll is copied in one batched driver call behind one event.
+//!
 //! cudarc hands out one `&mut` view at a time, so the ranges are [`DeviceRange`]s: raw
 //! sub-ranges of the destination, valid while the batch holds the destination exclusively.
 //! cudarc's write event for the destination is recorded on its own stream (where every copy
@@ -8,6 +11,7 @@
 //! after dropping or leaking the future) the event stands behind every copy issued so far.
 
 use std::sync::Arc;
+use std::task::Poll;
 
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, SyncOnDrop};
@@ -17,6 +21,7 @@ use crate::buf::sealed::Sealed;
 use crate::buf::{ReadDst, ReadTarget};
 use crate::cuda::DeviceDst;
 use crate::error::Result;
+use crate::op::combine::CopyCombiner;
 
 /// `len` bytes of device memory at `ptr`, part of a destination a batch holds exclusively.
 pub(crate) struct DeviceRange {
@@ -78,16 +83,23 @@ pub(crate) async fn read_batch_device(
             unsafe { DeviceRange::new(base + r.dst_offset() as u64, r.len(), own.clone()) }
         })
         .collect();
+    // Every run's landed pieces are copied together, once per poll of the batch.
+    let combiner = Arc::new(CopyCombiner::default());
     let mut reads = std::pin::pin!(futures::future::join_all(
         runs.iter()
             .zip(ranges.iter_mut())
-            .map(|(r, range)| r.read(range))
+            .map(|(r, range)| r.read(range).combined(&combiner))
     ));
     std::future::poll_fn(|cx| {
         let polled = reads.as_mut().poll(cx);
+        let flushed = combiner.flush(&own);
         // Record cudarc's write event for `dst` behind whatever the poll queued.
         drop(dst.write_ptr(&own));
-        polled
+        match flushed {
+            Ok(()) => polled,
+            // The runs' ops are cancelled as `reads` drops with this future.
+            Err(why) => Poll::Ready(runs.iter().map(|r| Err(r.copy_failed(&why))).collect()),
+        }
     })
     .await
 }

@@ -267,6 +267,17 @@ impl Run {
         self.file.read_into(dst, self.offset)
     }
 
+    /// The error for this run when its device copies could not be queued.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn copy_failed(&self, why: &str) -> Error {
+        Error::cuda_msg(
+            self.file
+                .ctx(OpKind::Read, self.offset)
+                .with_backend("cuda"),
+            why.to_string(),
+        )
+    }
+
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn dst_offset(&self) -> usize {
         self.dst_offset
@@ -350,6 +361,19 @@ fn distribute(
             }
         }
     }
+}
+
+/// Device copies of batches issued together so far in this process: (driver flushes, copies).
+/// Each flush queues every piece that landed since the batch's last poll, in one batched
+/// driver call where the driver has one.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn combined_copies() -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        crate::op::combine::FLUSHES.load(Relaxed),
+        crate::op::combine::COPIES.load(Relaxed),
+    )
 }
 
 /// What a batch did: one result per descriptor, in the order given.

@@ -34,6 +34,8 @@ mod sys;
 pub use sys::CudaProbe;
 
 #[cfg(feature = "cuda")]
+pub(crate) mod copylist;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;

@@ -2,15 +2,17 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async};
+use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async};
 use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
+use super::combine::{Combine, Combined};
 use super::future::Transfer;
 use super::gate::Gated;
 use super::msg::{Msg, ReactorHandle};
 use super::request::{LeasedDst, OpRequest};
 use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
+use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
@@ -46,8 +48,10 @@ fn queue_copies(
 /// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
 /// without its pool (a bug, reported rather than acted on).
 #[derive(Debug)]
-enum CopyError {
+pub(super) enum CopyError {
     Driver(&'static str, DriverError),
+    /// Queuing the copies failed (the driver's reason).
+    Queue(String),
     NoStaging,
 }
 
@@ -61,6 +65,7 @@ impl std::fmt::Display for CopyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CopyError::Driver(what, e) => write!(f, "{what}: {e}"),
+            CopyError::Queue(why) => write!(f, "copying into device memory: {why}"),
             CopyError::NoStaging => f.write_str("a staging slot arrived without its staging pool"),
         }
     }
@@ -76,6 +81,39 @@ fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, Copy
         .ok_or(CopyError::NoStaging)
 }
 
+/// The copies that move read `pieces` into device memory at `dptr`, which stands for file
+/// bytes `[offset, offset + len)`: each piece's valid bytes clipped to that range, from its
+/// host bounce slot or device staging slot.
+pub(super) fn read_copies(
+    pieces: &[ReadyPiece],
+    arena: &BounceArena,
+    staging: Option<&Staging>,
+    dptr: u64,
+    offset: u64,
+    len: usize,
+    out: &mut Vec<CopySpec>,
+) -> Result<(), CopyError> {
+    for p in pieces {
+        let Some((from, to, n)) = p.overlap(offset, len) else {
+            continue;
+        };
+        let (src, direct) = match staged(staging, p)? {
+            Some(src) => (src, true),
+            None => (
+                arena.slot_ptr(&p.slot) as u64,
+                arena.slot_is_pinned(&p.slot),
+            ),
+        };
+        out.push(CopySpec {
+            dst: dptr + to,
+            src: src + from as u64,
+            n,
+            direct,
+        });
+    }
+    Ok(())
+}
+
 /// Copies read pieces into device memory standing for file bytes `[offset, offset + len)`.
 pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) dst: &'a mut dyn DeviceDst,
@@ -85,6 +123,8 @@ pub(crate) struct DeviceCopyOut<'a> {
     /// The read's device lease, if it took one: dropping the future stops the reactor's
     /// copies into the memory before the borrow ends.
     pub(crate) lease: Option<Arc<crate::cuda::lease::DeviceLease>>,
+    /// Hand the pieces to a batch that copies them with its other reads' (`op::combine`).
+    pub(crate) combine: Option<Combine>,
 }
 
 impl Drop for DeviceCopyOut<'_> {
@@ -104,33 +144,32 @@ impl Transfer for DeviceCopyOut<'_> {
     ) -> Option<Msg> {
         let (offset, len) = (self.offset, self.dst.byte_len());
         let own = self.dst.own_stream().clone();
+        if let Some(c) = &self.combine {
+            // The batch issues these copies with its other reads' before this poll returns.
+            let (dptr, _noop) = self.dst.write_ptr(&own);
+            c.combiner.push(Combined {
+                engine: c.engine.clone(),
+                arena: arena.clone(),
+                shared: shared.clone(),
+                pieces,
+                dptr,
+                offset,
+                len,
+            });
+            return None;
+        }
         let staging = shared.staging.get();
         let dst = &mut *self.dst;
         let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
             let (dptr, write_guard) = dst.write_ptr(stream);
-            for p in &pieces {
-                let Some((from, to, n)) = p.overlap(offset, len) else {
-                    continue;
-                };
-                let queued = match staged(staging, p)? {
-                    // SAFETY: the source lies inside a staging slot this future owns until the
-                    // reactor sees the copies' event complete; the destination range
-                    // [to, to + n) lies inside the device buffer (overlap clips it to `len`),
-                    // whose pointer cudarc gave us for writing on `stream`; both are on the
-                    // staging pool's device and the copy is ordered on `stream`.
-                    Some(src) => unsafe {
-                        memcpy_dtod_async(dptr + to, src + from as u64, n, stream.cu_stream())
-                    },
-                    // SAFETY: as above, with the source in a host bounce slot: the slice is
-                    // read by the copy engine after this call returns, which is sound because
-                    // the slot stays this future's (and mapped) until the event completes.
-                    None => unsafe {
-                        let bytes = arena.slot_bytes(&p.slot, p.valid);
-                        memcpy_htod_async(dptr + to, &bytes[from..from + n], stream.cu_stream())
-                    },
-                };
-                queued.map_err(CopyError::driver("copying into device memory"))?;
-            }
+            let mut copies = Vec::with_capacity(pieces.len());
+            read_copies(&pieces, arena, staging, dptr, offset, len, &mut copies)?;
+            // SAFETY: each source lies inside a bounce or staging slot this future owns until
+            // the reactor sees the copies' event complete (the slots go back only behind it);
+            // each destination range lies inside the device buffer (`read_copies` clips to
+            // `len`), whose pointer cudarc gave us for writing on `stream`, and pieces are
+            // disjoint; `stream` is live and its context bound.
+            unsafe { copylist::queue(stream.cu_stream(), &copies) }.map_err(CopyError::Queue)?;
             // Record cudarc's write event now (not when the future finishes): any later use of
             // the buffer through cudarc, on any stream, is then ordered after these copies,
             // even if this future is leaked.
@@ -155,7 +194,7 @@ impl Transfer for DeviceCopyOut<'_> {
         let OpRequest::Read { len, lease, .. } = req else {
             return;
         };
-        if engine.lease_min.is_none_or(|m| *len < m) {
+        if self.combine.is_some() || engine.lease_min.is_none_or(|m| *len < m) {
             return;
         }
         // Pin the pool here, not on the reactor's thread: the reactor must never make a

@@ -116,6 +116,12 @@ impl<T: Transfer> OpFuture<T> {
         &mut self.transfer
     }
 
+    /// The engine the op runs on.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn engine(&self) -> &Arc<ReactorHandle> {
+        &self.engine
+    }
+
     /// A future for `req`, sent on first poll.
     pub(crate) fn new(engine: Arc<ReactorHandle>, req: OpRequest, transfer: T) -> Self {
         let op = req.op_kind();

@@ -4,6 +4,8 @@
 //! (`read`, `write`).
 
 #[cfg(feature = "cuda")]
+pub(crate) mod combine;
+#[cfg(feature = "cuda")]
 pub(crate) mod device;
 pub(crate) mod future;
 pub(crate) mod gate;

@@ -88,6 +88,22 @@ impl ReadInto<'_> {
     }
 }
 
+impl ReadInto<'_> {
+    /// Hands the device copies to `combiner` (a batch's), which queues them with the batch's
+    /// other reads'. No effect for host destinations. Call before the first poll.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn combined(mut self, combiner: &Arc<super::combine::CopyCombiner>) -> Self {
+        let engine = self.inner.engine().clone();
+        if let Either::Device(d) = self.inner.transfer_mut() {
+            d.combine = Some(super::combine::Combine {
+                combiner: combiner.clone(),
+                engine,
+            });
+        }
+        self
+    }
+}
+
 impl Future for ReadInto<'_> {
     type Output = Result<usize>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {

@@ -19,8 +19,8 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
 
 use super::Reactor;
+use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::lease::{CopyFence, DeviceLease};
-use crate::cuda::memops::{copy_one, memops};
 use crate::error::Error;
 use crate::op::gate::{Gate, GateState, Gated};
 use crate::op::msg::Msg;
@@ -29,8 +29,6 @@ use crate::op::{OpShared, ReadyPiece};
 
 /// How often the reactor looks at a leased op's first event while its pieces wait for it.
 pub(super) const PRIOR_WORK_POLL: Duration = Duration::from_micros(20);
-/// Most copies in one driver call.
-const MAX_BATCH: usize = 1024;
 
 /// A context's copy stream as this reactor uses it: the stream itself belongs to the context's
 /// lease board (made on a caller's thread, kept for the process), the fence is this
@@ -89,8 +87,6 @@ pub(super) struct Copies {
     /// earlier op could never read its pieces. They share at most the per-op window; the rest
     /// of the pool always serves ops whose copies can go.
     speculative: usize,
-    /// The batched call failed once: copies go one by one from then on.
-    batch_failed: bool,
 }
 
 impl Copies {
@@ -123,10 +119,7 @@ pub(super) enum LeaseGate {
 /// One copy of a batch, and the op it serves.
 struct Job {
     key: usize,
-    dst: u64,
-    src: u64,
-    n: usize,
-    pinned: bool,
+    copy: CopySpec,
 }
 
 impl Reactor {
@@ -372,10 +365,12 @@ impl Reactor {
                 if let Some((from, to, n)) = p.overlap(offset, len) {
                     jobs[l.stream].push(Job {
                         key,
-                        dst: l.dst.ptr + to,
-                        src: self.arena.slot_ptr(&p.slot) as u64 + from as u64,
-                        n,
-                        pinned: self.arena.slot_is_pinned(&p.slot),
+                        copy: CopySpec {
+                            dst: l.dst.ptr + to,
+                            src: self.arena.slot_ptr(&p.slot) as u64 + from as u64,
+                            n,
+                            direct: self.arena.slot_is_pinned(&p.slot),
+                        },
                     });
                 }
             }
@@ -408,7 +403,16 @@ impl Reactor {
             .ctx
             .bind_to_thread()
             .map_err(|e| format!("{e:?}"))
-            .and_then(|()| queue_jobs(cs.raw, &jobs, &mut self.copies.batch_failed))
+            .and_then(|()| {
+                let copies: Vec<CopySpec> = jobs.iter().map(|j| j.copy).collect();
+                // SAFETY: `raw` is the reactor's live copy stream of the bound context; each
+                // source is a bounce slot the reactor owns until the batch's fence has passed;
+                // each destination lies inside leased device memory that stays allocated until
+                // the lease's release (queued after these copies) has run; destinations of one
+                // op are disjoint pieces, and two ops never lease the same memory at once
+                // (each holds it `&mut`).
+                unsafe { copylist::queue(cs.raw, &copies) }
+            })
             .and_then(|()| cs.fence.signal())
             .map(|seq| FenceGate {
                 fence: cs.fence.clone(),
@@ -476,42 +480,4 @@ fn prior_done_now(l: &mut LeasedOp, streams: &[CopyStream]) -> bool {
             true
         }
     }
-}
-
-/// Queues the copies: pinned sources in batches where the driver has batched copies, the
-/// rest one by one.
-fn queue_jobs(raw: CUstream, jobs: &[Job], batch_failed: &mut bool) -> Result<(), String> {
-    let ops = memops()?;
-    let batch = ops.has_batch() && !*batch_failed;
-    let mut one_by_one: Vec<&Job> = Vec::new();
-    let mut pinned: Vec<&Job> = Vec::new();
-    for j in jobs {
-        if batch && j.pinned {
-            pinned.push(j);
-        } else {
-            one_by_one.push(j);
-        }
-    }
-    for chunk in pinned.chunks(MAX_BATCH) {
-        let mut dsts: Vec<u64> = chunk.iter().map(|j| j.dst).collect();
-        let mut srcs: Vec<u64> = chunk.iter().map(|j| j.src).collect();
-        let mut sizes: Vec<usize> = chunk.iter().map(|j| j.n).collect();
-        // SAFETY: `raw` is the reactor's live copy stream of the bound context; each source is
-        // a pinned bounce slot the reactor owns until the batch's event completes; each
-        // destination lies inside leased device memory that stays allocated until the lease's
-        // release (queued after these copies) has run; destinations of one op are disjoint
-        // pieces, and two ops never lease the same memory at once (each holds it `&mut`).
-        if let Err(why) = unsafe { ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw) } {
-            // No failure index in the v2 call: some may be queued. Queuing all of them again
-            // one by one writes the same bytes to the same places, in stream order.
-            tracing::warn!(%why, "batched device copies failed; copying one by one from now on");
-            *batch_failed = true;
-            one_by_one.extend(chunk.iter().copied());
-        }
-    }
-    for j in one_by_one {
-        // SAFETY: as above, one copy at a time (an unpinned source is read before return).
-        unsafe { copy_one(j.dst, j.src, j.n, raw) }?;
-    }
-    Ok(())
 }

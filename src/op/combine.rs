@@ -1,0 +1,193 @@
+//! The device copies of many reads issued together: a batch of reads into one device buffer
+//! (`Batch::read_into`) hands every landed piece of every read to one [`CopyCombiner`], which
+//! queues them on the buffer's stream in as few driver calls as the driver allows, behind one
+//! event, and gives the slots back with one message.
+//!
+//! Issued one op at a time, a 4 KiB piece costs a copy, an event and an event query, all
+//! driver calls that take the context's lock, from whichever runtime thread polls the op;
+//! combined, a poll of the batch costs one batched copy call and one event for every piece
+//! that landed since the last poll.
+//!
+//! Soundness is that of the per-op path (`crate::cuda`): the copies are queued inside the
+//! batch future's own `poll`, on the destination's stream, before the batch re-records
+//! cudarc's write event for the buffer; nothing is queued between polls, so a dropped or leaked
+//! batch queues no more copies, and every slot goes back only behind the event.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaStream;
+
+use super::device::read_copies;
+use super::gate::Gated;
+use super::msg::{Msg, ReactorHandle};
+use super::{OpShared, ReadyPiece};
+use crate::buf::arena::BounceArena;
+use crate::cuda::copylist;
+use crate::cuda::event::{EVENT_POOL, EventGate};
+
+/// Flushes that queued copies, and the copies they queued, process-wide (for tests and
+/// `gpuio bench`: how many copies one driver call carried).
+pub(crate) static FLUSHES: AtomicU64 = AtomicU64::new(0);
+/// See [`FLUSHES`].
+pub(crate) static COPIES: AtomicU64 = AtomicU64::new(0);
+
+/// Where a read's pieces go instead of its own copies: the batch's combiner, and the engine
+/// the read's slots belong to.
+pub(crate) struct Combine {
+    pub(crate) combiner: Arc<CopyCombiner>,
+    pub(crate) engine: Arc<ReactorHandle>,
+}
+
+/// Landed pieces of one read, waiting for the batch's next flush.
+pub(crate) struct Combined {
+    pub(crate) engine: Arc<ReactorHandle>,
+    pub(crate) arena: Arc<BounceArena>,
+    pub(crate) shared: Arc<OpShared>,
+    pub(crate) pieces: Vec<ReadyPiece>,
+    /// Device address of the read's destination, which stands for file bytes
+    /// `[offset, offset + len)`.
+    pub(crate) dptr: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+}
+
+/// Collects landed pieces during one poll of a batch; [`flush`](Self::flush) copies them.
+#[derive(Default)]
+pub(crate) struct CopyCombiner {
+    pending: Mutex<Vec<Combined>>,
+}
+
+/// One engine's share of a flush: its slots go back behind one event.
+struct EngineShare {
+    engine: Arc<ReactorHandle>,
+    arena: Arc<BounceArena>,
+    keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
+    releases: Vec<Msg>,
+}
+
+impl CopyCombiner {
+    fn take(&self) -> Vec<Combined> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub(crate) fn push(&self, c: Combined) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(c);
+    }
+
+    /// Queues on `stream` (the destination's own) every copy handed over since the last
+    /// flush, and sends each engine one message that gives its slots back once an event
+    /// recorded behind the copies has completed. On failure the reads' pieces are abandoned
+    /// (copies may be queued with nothing to say when they end) and the reason returned: the
+    /// batch then fails its reads.
+    pub(crate) fn flush(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
+        let pending = self.take();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        match Self::issue(&pending, stream) {
+            Ok(events) => {
+                let mut shares: Vec<EngineShare> = Vec::new();
+                for c in pending {
+                    let i = match shares
+                        .iter()
+                        .position(|s| Arc::ptr_eq(&s.engine, &c.engine))
+                    {
+                        Some(i) => i,
+                        None => {
+                            shares.push(EngineShare {
+                                engine: c.engine.clone(),
+                                arena: c.arena.clone(),
+                                keep: None,
+                                releases: Vec::new(),
+                            });
+                            shares.len() - 1
+                        }
+                    };
+                    let share = &mut shares[i];
+                    if let Some(st) = c.shared.staging.get() {
+                        share.keep.get_or_insert_with(|| st.keep.clone());
+                    }
+                    let slots = c.pieces.into_iter().map(|p| p.slot).collect();
+                    share.releases.push(Msg::Release(c.shared, slots));
+                }
+                for (share, ev) in shares.into_iter().zip(events) {
+                    let gated = Gated::new(
+                        Box::new(EventGate::new(ev)),
+                        Msg::Many(share.releases),
+                        &share.arena,
+                    )
+                    .keeping(share.keep);
+                    share.engine.send(Msg::Gated(gated));
+                }
+                Ok(())
+            }
+            Err(why) => {
+                for c in pending {
+                    c.engine.send(Msg::Abandon(c.shared, c.pieces));
+                }
+                Err(why)
+            }
+        }
+    }
+
+    /// Queues the copies, then records one event per engine behind them (in the order the
+    /// engines first appear in `pending`).
+    fn issue(
+        pending: &[Combined],
+        stream: &Arc<CudaStream>,
+    ) -> Result<Vec<cudarc::driver::CudaEvent>, String> {
+        let ctx = stream.context();
+        ctx.bind_to_thread()
+            .map_err(|e| format!("binding the context: {e}"))?;
+        let mut copies = Vec::with_capacity(pending.len());
+        let mut engines: Vec<&Arc<ReactorHandle>> = Vec::new();
+        for c in pending {
+            c.arena.ensure_pinned(ctx);
+            let staging = c.shared.staging.get();
+            read_copies(
+                &c.pieces,
+                &c.arena,
+                staging,
+                c.dptr,
+                c.offset,
+                c.len,
+                &mut copies,
+            )
+            .map_err(|e| e.to_string())?;
+            if !engines.iter().any(|e| Arc::ptr_eq(e, &c.engine)) {
+                engines.push(&c.engine);
+            }
+        }
+        // SAFETY: each source lies inside a bounce or staging slot the read's op owns until
+        // the reactor sees the event recorded below complete (its slots go back only behind
+        // it, or are abandoned); each destination lies inside that read's range of the
+        // batch's destination (`read_copies` clips to it), which the batch holds exclusively
+        // and whose runs are disjoint; `stream` is the destination's live stream, its context
+        // bound above.
+        unsafe { copylist::queue(stream.cu_stream(), &copies) }?;
+        FLUSHES.fetch_add(1, Ordering::Relaxed);
+        COPIES.fetch_add(copies.len() as u64, Ordering::Relaxed);
+        engines
+            .iter()
+            .map(|_| {
+                EVENT_POOL
+                    .record(stream)
+                    .map_err(|e| format!("recording the copies' event: {e}"))
+            })
+            .collect()
+    }
+}
+
+impl Drop for CopyCombiner {
+    fn drop(&mut self) {
+        // Pieces never flushed were never copied: their slots go straight back.
+        for c in self.take() {
+            let slots = c.pieces.into_iter().map(|p| p.slot).collect();
+            c.engine.send(Msg::Release(c.shared, slots));
+        }
+    }
+}
