@@ -361,7 +361,7 @@ async fn measure(
         .async_copy_threshold(if a.inline_copies {
             None
         } else {
-            Some(64 << 10)
+            Some(a.async_copy_min.map_or(64 << 10, |b| b.0 as usize))
         });
     let engine = match a.reactor_spin_us {
         Some(us) => engine.reactor_spin(Duration::from_micros(us)),
@@ -415,9 +415,12 @@ async fn measure(
             None if owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
-                let stream = ctx
-                    .new_stream()
-                    .map_err(|e| format!("CUDA stream: {e:?}"))?;
+                let stream = match streams.first() {
+                    Some(s) if a.one_stream => Arc::clone(s),
+                    _ => ctx
+                        .new_stream()
+                        .map_err(|e| format!("CUDA stream: {e:?}"))?,
+                };
                 let d = stream
                     .alloc_zeros::<u8>(buf_len)
                     .map_err(|e| format!("CUDA alloc: {e:?}"))?;

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async};
-use cudarc::driver::{CudaEvent, CudaStream, DriverError};
+use cudarc::driver::{CudaStream, DriverError};
 
 use super::combine::{Combine, Combined};
 use super::future::Transfer;
@@ -27,7 +27,7 @@ fn queue_copies(
     chosen: Option<&Arc<CudaStream>>,
     own: &Arc<CudaStream>,
     issue: impl FnOnce(&Arc<CudaStream>) -> Result<(), CopyError>,
-) -> Result<CudaEvent, CopyError> {
+) -> Result<EventGate, CopyError> {
     let stream = chosen.unwrap_or(own);
     let ctx = stream.context();
     ctx.bind_to_thread()
@@ -42,7 +42,7 @@ fn queue_copies(
             "ordering the memory's stream after the copies",
         ))?;
     }
-    Ok(ev)
+    Ok(EventGate::recorded_on(ev, stream))
 }
 
 /// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
@@ -225,7 +225,7 @@ impl Transfer for DeviceCopyOut<'_> {
 /// with no event to say when they end, so their slots stay out of service for good).
 #[allow(clippy::too_many_arguments)]
 fn gate_or_abandon(
-    issued: Result<CudaEvent, CopyError>,
+    issued: Result<EventGate, CopyError>,
     pieces: Vec<ReadyPiece>,
     arena: &Arc<BounceArena>,
     shared: &Arc<OpShared>,
@@ -236,13 +236,8 @@ fn gate_or_abandon(
 ) -> Option<Msg> {
     let staging = shared.staging.get().map(|s| s.keep.clone());
     match issued {
-        Ok(ev) => Some(Msg::Gated(
-            Gated::new(
-                Box::new(EventGate::new(ev)),
-                then(shared.clone(), pieces),
-                arena,
-            )
-            .keeping(staging),
+        Ok(gate) => Some(Msg::Gated(
+            Gated::new(Box::new(gate), then(shared.clone(), pieces), arena).keeping(staging),
         )),
         Err(reason) => {
             let at = pieces.first().map_or(offset, |p| p.piece.pos);

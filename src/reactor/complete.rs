@@ -84,7 +84,8 @@ impl Reactor {
                     self.maybe_finish(key);
                     return;
                 }
-                op.shared.push_ready(ready);
+                let waker = op.shared.push_ready(ready);
+                self.wakes.extend(waker);
             } else {
                 self.free_op_slot(key, slot);
             }

@@ -596,6 +596,7 @@ impl Reactor {
                 _ => Ok(0),
             },
         };
-        op.shared.complete(result);
+        let waker = op.shared.complete_later(result);
+        self.wakes.extend(waker);
     }
 }

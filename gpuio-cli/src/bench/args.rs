@@ -161,9 +161,17 @@ pub struct BenchArgs {
     /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
     #[arg(long)]
     pub(crate) owned: bool,
-    /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
+    /// Every task's device buffer on one CUDA stream (as under a framework's current stream)
+    /// instead of a stream per task.
     #[arg(long)]
+    pub(crate) one_stream: bool,
+    /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
+    #[arg(long, conflicts_with = "async_copy_min")]
     pub(crate) inline_copies: bool,
+    /// Hand buffered pieces of at least this many bytes to io_uring's workers (default 64K;
+    /// smaller ones are copied inline on the reactor thread).
+    #[arg(long, value_name = "BYTES", value_parser = validate::positive_size)]
+    pub(crate) async_copy_min: Option<ByteSize>,
     /// How long the reactor polls, without sleeping, after its last work (microseconds;
     /// default 0: the engine's default, no spin).
     #[arg(long, value_name = "US")]
