@@ -10,8 +10,6 @@ use cudarc::driver::{CudaEvent, CudaStream};
 pub(crate) struct EventGate {
     event: Option<CudaEvent>,
     passed: std::sync::atomic::AtomicBool,
-    /// The stream the event was recorded on (its handle), where the recorder said.
-    stream: Option<usize>,
 }
 
 impl EventGate {
@@ -19,20 +17,7 @@ impl EventGate {
         EventGate {
             event: Some(event),
             passed: std::sync::atomic::AtomicBool::new(false),
-            stream: None,
         }
-    }
-
-    /// An event just recorded on `stream`: events of one stream complete in recording order.
-    pub(crate) fn recorded_on(event: CudaEvent, stream: &CudaStream) -> Self {
-        let mut gate = EventGate::new(event);
-        gate.stream = Some(stream.cu_stream() as usize);
-        gate
-    }
-
-    /// The stream the event was recorded on, if known.
-    pub(crate) fn stream(&self) -> Option<usize> {
-        self.stream
     }
 }
 

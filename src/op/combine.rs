@@ -116,7 +116,7 @@ impl CopyCombiner {
                 }
                 for (share, ev) in shares.into_iter().zip(events) {
                     let gated = Gated::new(
-                        Box::new(EventGate::recorded_on(ev, stream)),
+                        Box::new(EventGate::new(ev)),
                         Msg::Many(share.releases),
                         &share.arena,
                     )

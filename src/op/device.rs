@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async};
-use cudarc::driver::{CudaStream, DriverError};
+use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async};
+use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use super::combine::{Combine, Combined};
 use super::future::Transfer;
@@ -12,7 +12,7 @@ use super::msg::{Msg, ReactorHandle};
 use super::request::{LeasedDst, OpRequest};
 use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
-use crate::cuda::copylist::{self, CopySpec};
+use crate::cuda::copylist::CopySpec;
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
@@ -27,7 +27,7 @@ fn queue_copies(
     chosen: Option<&Arc<CudaStream>>,
     own: &Arc<CudaStream>,
     issue: impl FnOnce(&Arc<CudaStream>) -> Result<(), CopyError>,
-) -> Result<EventGate, CopyError> {
+) -> Result<CudaEvent, CopyError> {
     let stream = chosen.unwrap_or(own);
     let ctx = stream.context();
     ctx.bind_to_thread()
@@ -42,7 +42,7 @@ fn queue_copies(
             "ordering the memory's stream after the copies",
         ))?;
     }
-    Ok(EventGate::recorded_on(ev, stream))
+    Ok(ev)
 }
 
 /// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
@@ -50,8 +50,6 @@ fn queue_copies(
 #[derive(Debug)]
 pub(super) enum CopyError {
     Driver(&'static str, DriverError),
-    /// Queuing the copies failed (the driver's reason).
-    Queue(String),
     NoStaging,
 }
 
@@ -65,7 +63,6 @@ impl std::fmt::Display for CopyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CopyError::Driver(what, e) => write!(f, "{what}: {e}"),
-            CopyError::Queue(why) => write!(f, "copying into device memory: {why}"),
             CopyError::NoStaging => f.write_str("a staging slot arrived without its staging pool"),
         }
     }
@@ -162,14 +159,31 @@ impl Transfer for DeviceCopyOut<'_> {
         let dst = &mut *self.dst;
         let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
             let (dptr, write_guard) = dst.write_ptr(stream);
-            let mut copies = Vec::with_capacity(pieces.len());
-            read_copies(&pieces, arena, staging, dptr, offset, len, &mut copies)?;
-            // SAFETY: each source lies inside a bounce or staging slot this future owns until
-            // the reactor sees the copies' event complete (the slots go back only behind it);
-            // each destination range lies inside the device buffer (`read_copies` clips to
-            // `len`), whose pointer cudarc gave us for writing on `stream`, and pieces are
-            // disjoint; `stream` is live and its context bound.
-            unsafe { copylist::queue(stream.cu_stream(), &copies) }.map_err(CopyError::Queue)?;
+            // One call per piece, each the typed copy for its source: a read's pieces are few
+            // and large, or one small one (batches of small reads go through `combine`).
+            for p in &pieces {
+                let Some((from, to, n)) = p.overlap(offset, len) else {
+                    continue;
+                };
+                let queued = match staged(staging, p)? {
+                    // SAFETY: the source lies inside a staging slot this future owns until the
+                    // reactor sees the copies' event complete; the destination range
+                    // [to, to + n) lies inside the device buffer (overlap clips it to `len`),
+                    // whose pointer cudarc gave us for writing on `stream`; both are on the
+                    // staging pool's device and the copy is ordered on `stream`.
+                    Some(src) => unsafe {
+                        memcpy_dtod_async(dptr + to, src + from as u64, n, stream.cu_stream())
+                    },
+                    // SAFETY: as above, with the source in a host bounce slot: the slice is
+                    // read by the copy engine after this call returns, which is sound because
+                    // the slot stays this future's (and mapped) until the event completes.
+                    None => unsafe {
+                        let bytes = arena.slot_bytes(&p.slot, p.valid);
+                        memcpy_htod_async(dptr + to, &bytes[from..from + n], stream.cu_stream())
+                    },
+                };
+                queued.map_err(CopyError::driver("copying into device memory"))?;
+            }
             // Record cudarc's write event now (not when the future finishes): any later use of
             // the buffer through cudarc, on any stream, is then ordered after these copies,
             // even if this future is leaked.
@@ -225,7 +239,7 @@ impl Transfer for DeviceCopyOut<'_> {
 /// with no event to say when they end, so their slots stay out of service for good).
 #[allow(clippy::too_many_arguments)]
 fn gate_or_abandon(
-    issued: Result<EventGate, CopyError>,
+    issued: Result<CudaEvent, CopyError>,
     pieces: Vec<ReadyPiece>,
     arena: &Arc<BounceArena>,
     shared: &Arc<OpShared>,
@@ -236,8 +250,13 @@ fn gate_or_abandon(
 ) -> Option<Msg> {
     let staging = shared.staging.get().map(|s| s.keep.clone());
     match issued {
-        Ok(gate) => Some(Msg::Gated(
-            Gated::new(Box::new(gate), then(shared.clone(), pieces), arena).keeping(staging),
+        Ok(ev) => Some(Msg::Gated(
+            Gated::new(
+                Box::new(EventGate::new(ev)),
+                then(shared.clone(), pieces),
+                arena,
+            )
+            .keeping(staging),
         )),
         Err(reason) => {
             let at = pieces.first().map_or(offset, |p| p.piece.pos);

@@ -9,12 +9,6 @@ use crate::buf::arena::BounceArena;
 /// Something the reactor polls, never waits on, before acting (a CUDA event).
 pub(crate) trait Gate: Send {
     fn poll(&self) -> GateState;
-
-    /// The stream the gate's event was recorded on, if it is one: gates on one stream open in
-    /// the order they were recorded (the reactor asks no later one while an earlier is closed).
-    fn stream_key(&self) -> Option<usize> {
-        None
-    }
 }
 
 /// What a [`Gate`] says.
@@ -100,9 +94,5 @@ impl Gate for crate::cuda::event::EventGate {
             Ok(false) => GateState::Closed,
             Err(why) => GateState::Broken(why),
         }
-    }
-
-    fn stream_key(&self) -> Option<usize> {
-        self.stream()
     }
 }

@@ -101,15 +101,16 @@ impl OpShared {
         self.key.load(Ordering::Relaxed)
     }
 
-    /// Reactor: hand a piece to the future, returning its waker (if it was waiting) for the
-    /// caller to wake once it has handed over everything it has: the reactor wakes at the end
-    /// of a step, so a future gets all of a turn's pieces in one poll (and a batch's task one
-    /// wake for many reads) instead of a thread wake per piece.
-    #[must_use = "the future waits until its waker is woken"]
-    pub(crate) fn push_ready(&self, p: ReadyPiece) -> Option<Waker> {
-        let mut st = self.lock();
-        st.ready.push(p);
-        st.waker.take()
+    /// Reactor: hand a piece to the future. Wakes it if it was waiting.
+    pub(crate) fn push_ready(&self, p: ReadyPiece) {
+        let waker = {
+            let mut st = self.lock();
+            st.ready.push(p);
+            st.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// Reactor: hands an owned buffer back, once no I/O can touch it (before `complete`).
@@ -138,20 +139,16 @@ impl OpShared {
 
     /// Sets the result (first one wins) and wakes the future.
     pub(crate) fn complete(&self, r: Result<u64>) {
-        if let Some(w) = self.complete_later(r) {
+        let waker = {
+            let mut st = self.lock();
+            if st.result.is_none() {
+                st.result = Some(r);
+            }
+            st.waker.take()
+        };
+        if let Some(w) = waker {
             w.wake();
         }
-    }
-
-    /// Sets the result (first one wins), returning the future's waker for the caller to wake
-    /// (see [`push_ready`](Self::push_ready)).
-    #[must_use = "the future waits until its waker is woken"]
-    pub(crate) fn complete_later(&self, r: Result<u64>) -> Option<Waker> {
-        let mut st = self.lock();
-        if st.result.is_none() {
-            st.result = Some(r);
-        }
-        st.waker.take()
     }
 }
 

@@ -84,8 +84,7 @@ impl Reactor {
                     self.maybe_finish(key);
                     return;
                 }
-                let waker = op.shared.push_ready(ready);
-                self.wakes.extend(waker);
+                op.shared.push_ready(ready);
             } else {
                 self.free_op_slot(key, slot);
             }

@@ -16,8 +16,6 @@ impl Reactor {
     /// Runs until shutdown; on panic fails everything and leaks what the kernel may still use.
     pub(crate) fn run_to_end(mut self) {
         let outcome = catch_unwind(AssertUnwindSafe(|| self.run()));
-        // Results and pieces handed over before a panic still wake their futures.
-        self.flush_wakes();
         let death = match outcome {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(format!("kernel interface failed: {e}")),

@@ -443,21 +443,14 @@ mod tests {
         kind: crate::error::OpKind,
         what: crate::op::msg::Awaited,
     ) -> (Arc<OpShared>, Arc<std::sync::atomic::AtomicU8>) {
-        let state = Arc::new(std::sync::atomic::AtomicU8::new(0));
-        let shared = awaited_behind(h, kind, what, Box::new(HandGate(state.clone())));
-        (shared, state)
-    }
-
-    /// Submits an awaited op behind `gate`.
-    fn awaited_behind(
-        h: &Harness,
-        kind: crate::error::OpKind,
-        what: crate::op::msg::Awaited,
-        gate: Box<dyn crate::op::gate::Gate>,
-    ) -> Arc<OpShared> {
         use crate::op::gate::Gated;
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(0));
         let shared = OpShared::new();
-        let gated = Gated::new(gate, Msg::Awaited(shared.clone(), what), &h.arena);
+        let gated = Gated::new(
+            Box::new(HandGate(state.clone())),
+            Msg::Awaited(shared.clone(), what),
+            &h.arena,
+        );
         h.handle.send(Msg::Submit(SubmitMsg {
             shared: Some(shared.clone()),
             req: Some(OpRequest::Await {
@@ -467,69 +460,7 @@ mod tests {
                 gated,
             }),
         }));
-        shared
-    }
-
-    /// A hand-opened gate on a stream, counting how often the reactor asks it.
-    struct StreamGate {
-        open: Arc<std::sync::atomic::AtomicU8>,
-        asked: Arc<std::sync::atomic::AtomicUsize>,
-        stream: Option<usize>,
-    }
-
-    impl crate::op::gate::Gate for StreamGate {
-        fn poll(&self) -> crate::op::gate::GateState {
-            self.asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            HandGate(self.open.clone()).poll()
-        }
-        fn stream_key(&self) -> Option<usize> {
-            self.stream
-        }
-    }
-
-    /// Once a gate on a stream reads closed, later gates on that stream wait for the next look
-    /// without being asked (their events cannot have completed before it); gates on other
-    /// streams, and gates on no known stream, open on their own answers.
-    #[test]
-    fn a_closed_gate_holds_back_only_later_gates_on_its_stream() {
-        use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
-        let mut h = harness(64 * K, 4, 64 * K, 8);
-        let asked = Arc::new(AtomicUsize::new(0));
-        let first = Arc::new(AtomicU8::new(0));
-        let mut ops = Vec::new();
-        for (stream, open) in [
-            (Some(7), first.clone()),
-            (Some(7), Arc::new(AtomicU8::new(1))),
-            (Some(7), Arc::new(AtomicU8::new(1))),
-            (Some(9), Arc::new(AtomicU8::new(1))),
-            (None, Arc::new(AtomicU8::new(1))),
-        ] {
-            let gate = StreamGate {
-                open,
-                asked: asked.clone(),
-                stream,
-            };
-            let what = crate::op::msg::Awaited::Moved(1);
-            ops.push(awaited_behind(
-                &h,
-                crate::error::OpKind::Read,
-                what,
-                Box::new(gate),
-            ));
-        }
-        h.reactor.gates_polled = std::time::Instant::now() - Duration::from_secs(1);
-        h.turn();
-        assert_eq!(
-            asked.load(SeqCst),
-            3,
-            "stream 7 asked once, 9 and the unkeyed gate once"
-        );
-        let done: Vec<bool> = ops.iter().map(|o| o.peek_result().is_some()).collect();
-        assert_eq!(done, [false, false, false, true, true]);
-        first.store(1, SeqCst);
-        h.reactor.gates_polled = std::time::Instant::now() - Duration::from_secs(1);
-        h.turn();
-        assert!(ops.iter().all(|o| o.peek_result() == Some(Ok(1))));
+        (shared, state)
     }
 
     /// Work queued on a stream is an op in the table: shutdown waits for its gate, and the

@@ -20,40 +20,21 @@ pub(super) const GATE_POLL_INTERVAL: Duration = Duration::from_micros(100);
 pub(super) const GATE_POLL_GAP: Duration = Duration::from_micros(25);
 
 impl Reactor {
-    /// Acts on gated messages whose gate opened, looking at them in the order they came.
-    ///
-    /// Events on one stream complete in the order they were recorded, so once a gate on a
-    /// stream reads closed, the later gates on that stream are not asked this time: with many
-    /// reads on one stream (a framework's current stream) a look costs one driver query per
-    /// stream, not one per read. Messages arrive in the order their events were recorded on a
-    /// stream, except when two threads race to send; a gate passed over then waits one more
-    /// look, never opens early: a gate opens only on its own event's answer.
+    /// Acts on gated messages whose gate opened.
     pub(super) fn poll_gates(&mut self) {
         if self.gated.is_empty() {
             return;
         }
-        let gated = std::mem::take(&mut self.gated);
-        let mut closed_streams: Vec<usize> = Vec::new();
-        let mut opened = Vec::new();
-        for mut g in gated {
-            let stream = g.gate.stream_key();
-            if stream.is_some_and(|k| closed_streams.contains(&k)) {
-                self.gated.push(g);
+        let mut i = 0;
+        while i < self.gated.len() {
+            let state = self.gated[i].gate.poll();
+            if let GateState::Closed = state {
+                i += 1;
                 continue;
             }
-            match g.gate.poll() {
-                GateState::Closed => {
-                    closed_streams.extend(stream);
-                    self.gated.push(g);
-                }
-                state => {
-                    if let Some(msg) = g.take() {
-                        opened.push((state, msg));
-                    }
-                }
-            }
-        }
-        for (state, msg) in opened {
+            let Some(msg) = self.gated.swap_remove(i).take() else {
+                continue;
+            };
             match state {
                 GateState::Broken(reason) => {
                     tracing::error!(%reason, "CUDA event failed; leaking its bounce slots");

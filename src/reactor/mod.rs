@@ -157,9 +157,6 @@ pub(crate) struct Reactor {
     shutting_down: bool,
     shutdown_waiters: Vec<Arc<OpShared>>,
     completions: Vec<Completion>,
-    /// Futures to wake at the end of this step (`flush_wakes`): pieces and results are
-    /// handed over first, then every waiting future is woken once.
-    wakes: Vec<std::task::Waker>,
     /// Messages waiting for their gate to open.
     gated: Vec<Gated>,
     /// Some memory may still be touched by work we lost track of: never unmap the pool.
@@ -228,7 +225,6 @@ impl Reactor {
             shutting_down: false,
             shutdown_waiters: Vec::new(),
             completions: Vec::new(),
-            wakes: Vec::new(),
             gated: Vec::new(),
             compromised: false,
             short_of_slots: false,
@@ -301,8 +297,6 @@ impl Reactor {
                 return Ok(Turn::Drained);
             }
         }
-        // Before the lane may sleep: everything handed over so far is seen.
-        self.flush_wakes();
         let (block, timeout) = self.sleep_policy(may_block);
         let mut block = block;
         let mut done = std::mem::take(&mut self.completions);
@@ -327,15 +321,7 @@ impl Reactor {
         #[cfg(feature = "cuda")]
         self.issue_copies();
         self.completions = done;
-        self.flush_wakes();
         Ok(Turn::Running)
-    }
-
-    /// Wakes every future that was handed pieces or its result since the last flush.
-    pub(crate) fn flush_wakes(&mut self) {
-        for w in self.wakes.drain(..) {
-            w.wake();
-        }
     }
 
     /// Handles every queued message; a closed queue (every handle gone) starts shutdown.

@@ -138,12 +138,11 @@ impl Reactor {
             }
             match (op.kind, slot) {
                 (OpKind::Write, Some(slot)) => {
-                    let waker = op.shared.push_ready(ReadyPiece {
+                    op.shared.push_ready(ReadyPiece {
                         piece,
                         valid: piece.len,
                         slot,
                     });
-                    self.wakes.extend(waker);
                 }
                 (OpKind::Sync, _) => self.submit_io(key, IoKind::Fsync, piece, None),
                 (_, slot) => self.submit_io(key, IoKind::Read, piece, slot),

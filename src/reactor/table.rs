@@ -596,7 +596,6 @@ impl Reactor {
                 _ => Ok(0),
             },
         };
-        let waker = op.shared.complete_later(result);
-        self.wakes.extend(waker);
+        op.shared.complete(result);
     }
 }
