@@ -19,6 +19,12 @@
 //!   completed, polled without blocking; if a context dies with copies queued, their slots (and
 //!   the pool) are leaked rather than reused.
 //!
+//! A batch of reads into one device buffer (`BatchPlan::read_into`) issues the copies of all
+//! its reads together, from the batch future's own `poll` (`op::combine`): every piece that
+//! landed since the last poll, in one batched driver call on the buffer's stream, behind one
+//! event, before the batch records cudarc's write event. The three points hold as for one
+//! read: nothing is queued between polls, so a dropped or leaked batch queues nothing more.
+//!
 //! With leases turned on (`EngineBuilder::device_leases`, off by default), large reads take a
 //! **device lease** instead (`lease`): the destination's stream waits on a word the reactor writes,
 //! on its own copy stream, after it has copied every piece itself; the same three points hold
