@@ -62,6 +62,10 @@ pub(crate) unsafe fn queue(raw: CUstream, copies: &[CopySpec]) -> Result<(), Str
         one_by_one.extend(direct.iter().copied());
     } else if let Some(ops) = ops.filter(|_| !direct.is_empty()) {
         for chunk in direct.chunks(MAX_BATCH) {
+            if BATCH_BROKEN.load(Ordering::Relaxed) {
+                one_by_one.extend(chunk.iter().copied());
+                continue;
+            }
             let mut dsts: Vec<u64> = chunk.iter().map(|c| c.dst).collect();
             let mut srcs: Vec<u64> = chunk.iter().map(|c| c.src).collect();
             let mut sizes: Vec<usize> = chunk.iter().map(|c| c.n).collect();

@@ -80,7 +80,9 @@ fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, Copy
 
 /// The copies that move read `pieces` into device memory at `dptr`, which stands for file
 /// bytes `[offset, offset + len)`: each piece's valid bytes clipped to that range, from its
-/// host bounce slot or device staging slot.
+/// host bounce slot or device staging slot. The destinations are disjoint, as batched copies
+/// need: an op's pieces cover disjoint file ranges (a short read is resubmitted into its own
+/// slot), and the runs of a batch are disjoint ranges of its buffer (the plan refuses overlap).
 pub(super) fn read_copies(
     pieces: &[ReadyPiece],
     arena: &BounceArena,

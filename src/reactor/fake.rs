@@ -434,6 +434,41 @@ mod tests {
         }
     }
 
+    /// A read whose copied-out slots come back behind a gate that breaks (a CUDA event that
+    /// fails) fails instead of waiting for them: with its window full it could otherwise start
+    /// no more pieces and never finish. The slots stay out of the pool.
+    #[test]
+    fn slots_behind_a_broken_gate_fail_their_read_instead_of_stalling_it() {
+        use crate::op::gate::Gated;
+        let mut h = harness(64 * K, 16, 64 * K, 64);
+        let file = Arc::new(Target::fake(1));
+        let op = h.read(&file, 0, 16 * 64 * K as u64);
+        h.turn();
+        let started = h.pending().len();
+        assert!(
+            started < 16,
+            "the op's window holds it to part of the read ({started})"
+        );
+        h.complete_all();
+        h.turn();
+        let slots: Vec<_> = op.reclaim_ready().into_iter().map(|p| p.slot).collect();
+        assert_eq!(slots.len(), started);
+        let state = Arc::new(std::sync::atomic::AtomicU8::new(2));
+        h.handle.send(Msg::Gated(Gated::new(
+            Box::new(HandGate(state)),
+            Msg::Release(op.clone(), slots),
+            &h.arena,
+        )));
+        for _ in 0..3 {
+            h.reactor.gates_polled = std::time::Instant::now() - Duration::from_secs(1);
+            h.turn();
+            h.complete_all();
+        }
+        let e = op.peek_result().expect("the read finished").unwrap_err();
+        assert!(e.contains("event behind the device copies failed"), "{e}");
+        assert!(h.reactor.ops.is_empty());
+    }
+
     fn awaited(h: &Harness) -> (Arc<OpShared>, Arc<std::sync::atomic::AtomicU8>) {
         awaited_op(h, crate::error::OpKind::Sync, crate::op::msg::Awaited::Idle)
     }

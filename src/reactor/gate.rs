@@ -55,7 +55,23 @@ impl Reactor {
             Msg::Filled(shared, pieces) | Msg::Abandon(shared, pieces) => {
                 self.handle(Msg::Abandon(shared, pieces));
             }
-            Msg::Release(..) => {}
+            Msg::Release(shared, slots) => {
+                // The slots stay out of the pool, but the op must not wait for them: it fails.
+                let key = shared.key();
+                if self.is_live(key, &shared) {
+                    for s in slots {
+                        self.uncount_op_slot(key, s);
+                    }
+                    let op = &mut self.ops[key];
+                    if op.error.is_none() {
+                        op.error = Some(Error::cuda_msg(
+                            op.ctx(op.offset),
+                            "the event behind the device copies failed: their slots are leaked",
+                        ));
+                    }
+                    self.maybe_finish(key);
+                }
+            }
             Msg::Many(msgs) => {
                 for m in msgs {
                     self.abandon_msg(m);

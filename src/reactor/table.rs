@@ -534,6 +534,12 @@ impl Reactor {
     /// stopped it.
     pub(super) fn free_op_slot(&mut self, key: usize, slot: BounceSlot) {
         self.slots.free(slot);
+        self.uncount_op_slot(key, slot);
+    }
+
+    /// Takes `slot` off op `key`'s books without putting it back in the pool (a copy that may
+    /// still read it cannot be seen to end).
+    pub(super) fn uncount_op_slot(&mut self, key: usize, slot: BounceSlot) {
         #[cfg(feature = "cuda")]
         self.lease_slot(key, slot.size(), false);
         let op = &mut self.ops[key];
