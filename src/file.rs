@@ -153,6 +153,11 @@ impl OpenOptions {
     }
 }
 
+/// Whether a read's destination is host memory.
+fn device_free(f: &crate::op::future::OpFuture<crate::op::read::CopyOut<'_>>) -> bool {
+    matches!(f.transfer(), crate::op::future::Either::Host(_))
+}
+
 impl File {
     /// Opens NVMe namespace `trid` through SPDK (see [`Engine::open_nvme`]).
     pub(crate) fn open_nvme(engine: &Engine, trid: &str) -> Result<File> {
@@ -330,6 +335,7 @@ impl File {
                         offset,
                         len,
                         device,
+                        pending: crate::op::request::PendingWrite::new(&shared.writes_pending),
                     },
                 };
                 OpFuture::new(shared, req, transfer)
@@ -367,7 +373,18 @@ impl File {
             }
         };
         let inner = self.start(OpKind::Read, offset, len, device, transfer);
-        ReadInto { inner }
+        // A small host read of a buffered file may be served from the page cache at first
+        // poll (`op::cached`): only a valid request the reactor would otherwise take.
+        let t = &self.inner;
+        let cached = (device_free(&inner)
+            && inner.is_unsent()
+            && len <= crate::op::cached::CACHED_READ_MAX
+            && self.engine.shared().cached_fast_path
+            && t.nvme.is_none()
+            && t.dio.is_none()
+            && t.fd.is_some())
+        .then_some(&**t);
+        ReadInto { inner, cached }
     }
 
     /// Reads `dst`'s length in bytes at `offset` into device memory **as work on `stream`**

@@ -80,6 +80,7 @@ pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]
 pub use file::StreamIo;
 pub use file::{File, OpenOptions};
+pub use op::cached::CACHED_READ_MAX;
 pub use op::read::ReadInto;
 #[cfg(feature = "cuda")]
 pub use op::sync::StreamSync;

@@ -76,6 +76,8 @@ pub(crate) struct Target {
     pub(crate) dio: Option<DirectAlignment>,
     pub(crate) readable: bool,
     pub(crate) writable: bool,
+    /// Set once the kernel refused `RWF_NOWAIT` reads of this file (`op::cached`).
+    pub(crate) nowait_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Target {
@@ -204,6 +206,7 @@ impl Target {
             dio,
             readable: how.read,
             writable: how.write,
+            nowait_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -264,6 +267,7 @@ impl Target {
             dio: None,
             readable: true,
             writable: true,
+            nowait_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -457,6 +461,7 @@ impl Target {
             dio: None,
             readable: false,
             writable: false,
+            nowait_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -480,6 +485,7 @@ impl Target {
             dio: None,
             readable: true,
             writable: true,
+            nowait_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }

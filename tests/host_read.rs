@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gpuio::OpenOptions;
+use gpuio::{Engine, OpenOptions};
 
 const FILE_LEN: usize = 6 * 1024 * 1024 + 1234;
 
@@ -312,5 +312,100 @@ fn a_spinning_reactor_reaps_completions_while_it_spins() {
             "{backend}: 3 reads took {took:?} with a spinning reactor"
         );
         futures::executor::block_on(engine.shutdown()).unwrap();
+    }
+}
+
+/// Small reads of cached bytes are served by the thread that polls them (counted), byte for
+/// byte right at any offset and length up to `CACHED_READ_MAX`; across and past the end of the
+/// file they give the counts the reactor gives; larger reads, O_DIRECT files and an engine
+/// with the fast path off never take it; bytes dropped from the cache still read right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_cached_reads_are_served_on_the_polling_thread() {
+    use std::os::fd::AsRawFd;
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "warm", (1 << 20) + 333, 61);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    let mut rng = fastrand::Rng::with_seed(3);
+    let before = engine.cached_reads();
+    for _ in 0..300 {
+        let len = rng.usize(1..=gpuio::CACHED_READ_MAX);
+        let off = rng.usize(0..data.len() - len);
+        let mut b = vec![0u8; len];
+        assert_eq!(f.read_into(&mut b, off as u64).await.unwrap(), len);
+        assert!(b == data[off..off + len], "{len} bytes at {off}");
+    }
+    // The file was just written: its pages are in the cache.
+    assert!(
+        engine.cached_reads() > before,
+        "no small read of a just-written file was served from the page cache"
+    );
+    let end = data.len() as u64;
+    let mut b = vec![0u8; 4096];
+    assert_eq!(f.read_into(&mut b, end - 100).await.unwrap(), 100);
+    assert!(b[..100] == data[data.len() - 100..]);
+    assert_eq!(f.read_into(&mut b, end).await.unwrap(), 0);
+    assert_eq!(f.read_into(&mut b, end + 5).await.unwrap(), 0);
+
+    let served = engine.cached_reads();
+    let mut big = vec![0u8; gpuio::CACHED_READ_MAX + 1];
+    assert_eq!(f.read_into(&mut big, 1).await.unwrap(), big.len());
+    assert!(big[..] == data[1..1 + big.len()]);
+    if direct_ok(&engine, &path) {
+        let d = gpuio::OpenOptions::new()
+            .read(true)
+            .direct(true)
+            .open(&engine, &path)
+            .unwrap();
+        assert_eq!(d.read_into(&mut b, 8192).await.unwrap(), 4096);
+        assert!(b[..] == data[8192..8192 + 4096]);
+    }
+    assert_eq!(
+        engine.cached_reads(),
+        served,
+        "large and O_DIRECT reads go to the reactor"
+    );
+
+    // While a write of this engine is unfinished, small reads keep to the reactor: its range
+    // fence orders them after overlapping write pieces in the kernel (a dropped write's too).
+    let rw = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&engine, &path)
+        .unwrap();
+    let same = data[..4096].to_vec();
+    let write = rw.write_from(&same[..], 0);
+    let served = engine.cached_reads();
+    assert_eq!(f.read_into(&mut b, 3).await.unwrap(), 4096);
+    assert_eq!(engine.cached_reads(), served, "a write is pending");
+    drop(write);
+    assert_eq!(f.read_into(&mut b, 3).await.unwrap(), 4096);
+    assert_eq!(
+        engine.cached_reads(),
+        served + 1,
+        "no write is pending any more"
+    );
+    assert!(b[..] == data[3..3 + 4096]);
+
+    let off = Engine::builder()
+        .page_cache_fast_path(false)
+        .build()
+        .unwrap();
+    let g = off.open(&path).unwrap();
+    assert_eq!(g.read_into(&mut b, 77).await.unwrap(), 4096);
+    assert!(b[..] == data[77..77 + 4096]);
+    assert_eq!(off.cached_reads(), 0);
+
+    // Dropped from the cache (clean pages go): served or not, the bytes are right.
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let fd = std::fs::File::open(&path).unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    for at in [0usize, 12_345, 700_000] {
+        assert_eq!(f.read_into(&mut b, at as u64).await.unwrap(), 4096);
+        assert!(
+            b[..] == data[at..at + 4096],
+            "at {at} after the cache dropped it"
+        );
     }
 }

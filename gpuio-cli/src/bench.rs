@@ -358,6 +358,7 @@ async fn measure(
         .spdk_memory(backend == BenchBackend::Spdk)
         .queue_depth(qd_engine)
         .bounce_slots(slots)
+        .page_cache_fast_path(!a.no_fast_path)
         .async_copy_threshold(if a.inline_copies {
             None
         } else {

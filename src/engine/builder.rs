@@ -36,6 +36,7 @@ pub struct EngineBuilder {
     punt_min: Option<usize>,
     residency_aware: bool,
     lease_min: Option<usize>,
+    cached_fast_path: bool,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -60,6 +61,7 @@ impl Default for EngineBuilder {
             punt_min: Some(64 << 10),
             residency_aware: true,
             lease_min: None,
+            cached_fast_path: true,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -233,6 +235,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether small reads into host memory (up to
+    /// [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes, buffered files on the io_uring and
+    /// pread paths) first try the page cache on the thread that polls them (default on): a
+    /// `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the kernel serves only if
+    /// the bytes are cached and it need not wait. Served, the read is done in that poll: no
+    /// bounce slot, no reactor, no wake-ups. Otherwise (not cached, partly cached, any error)
+    /// the read goes through the reactor as usual. Off: every read goes through the reactor.
+    pub fn page_cache_fast_path(mut self, on: bool) -> Self {
+        self.cached_fast_path = on;
+        self
+    }
+
     /// Whether large reads of buffered files ask the page cache what it holds first (default
     /// on): ranges it mostly lacks are read with O_DIRECT through a second descriptor, at the
     /// disk's direct rate, and ranges it holds are copied from it, so a cold file loads at
@@ -380,6 +394,7 @@ impl EngineBuilder {
         let (tx, rx) = channel::<Msg>();
         let mut handle = ReactorHandle::new(tx, doorbell.clone(), arena.clone());
         handle.lease_min = self.lease_min.map(|m| m as u64);
+        handle.cached_fast_path = self.cached_fast_path;
         let shared = Arc::new(handle);
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
         let backend = self.backend;

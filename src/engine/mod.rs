@@ -209,6 +209,12 @@ impl Engine {
         self.inner.shared.leased_reads.load(Ordering::Relaxed)
     }
 
+    /// Small reads into host memory so far that the polling thread served straight from the
+    /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
+    pub fn cached_reads(&self) -> u64 {
+        self.inner.shared.cached_reads.load(Ordering::Relaxed)
+    }
+
     /// Fault injection for tests: the reactor panics at its next completion, as a bug would
     /// make it, so tests can check what a dying reactor leaves behind. Not for production use.
     #[doc(hidden)]

@@ -116,10 +116,26 @@ impl<T: Transfer> OpFuture<T> {
         &mut self.transfer
     }
 
+    /// The transfer.
+    pub(crate) fn transfer(&self) -> &T {
+        &self.transfer
+    }
+
     /// The engine the op runs on.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn engine(&self) -> &Arc<ReactorHandle> {
         &self.engine
+    }
+
+    /// Whether the op has not gone to the reactor yet (and is not finished already).
+    pub(crate) fn is_unsent(&self) -> bool {
+        matches!(self.stage, Stage::Unsent(_))
+    }
+
+    /// Ends an op that was served without the reactor: it is never sent, and a later poll
+    /// reports the misuse instead of starting it.
+    pub(crate) fn finish_unsent(&mut self) {
+        debug_assert!(self.is_unsent());
+        self.stage = Stage::Done;
     }
 
     /// A future for `req`, sent on first poll.

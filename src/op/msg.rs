@@ -131,6 +131,14 @@ pub(crate) struct ReactorHandle {
     pub(crate) lease_min: Option<u64>,
     /// Reads whose device copies the reactor issued under a lease.
     pub(crate) leased_reads: std::sync::atomic::AtomicU64,
+    /// Small host reads may be served straight from the page cache by the polling thread
+    /// (`op::cached`); off, every read goes through the reactor.
+    pub(crate) cached_fast_path: bool,
+    /// Reads the polling thread served from the page cache.
+    pub(crate) cached_reads: std::sync::atomic::AtomicU64,
+    /// Writes whose futures exist and whose ops the reactor has not finished
+    /// (`request::PendingWrite`).
+    pub(crate) writes_pending: Arc<std::sync::atomic::AtomicUsize>,
     /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
     #[cfg(test)]
     pub(crate) turns: std::sync::atomic::AtomicUsize,
@@ -146,6 +154,9 @@ impl ReactorHandle {
             death: std::sync::OnceLock::new(),
             lease_min: None,
             leased_reads: std::sync::atomic::AtomicU64::new(0),
+            cached_fast_path: true,
+            cached_reads: std::sync::atomic::AtomicU64::new(0),
+            writes_pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             #[cfg(test)]
             turns: std::sync::atomic::AtomicUsize::new(0),
         }

@@ -73,6 +73,8 @@ pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, NoTransfer>;
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadInto<'a> {
     pub(crate) inner: OpFuture<CopyOut<'a>>,
+    /// The file, when the first poll may serve the read from the page cache.
+    pub(crate) cached: Option<&'a crate::target::Target>,
 }
 
 impl ReadInto<'_> {
@@ -107,6 +109,27 @@ impl ReadInto<'_> {
 impl Future for ReadInto<'_> {
     type Output = Result<usize>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
+        if let Some(file) = self.cached.take() {
+            let this = &mut *self;
+            let engine = this.inner.engine().clone();
+            // No write of this engine unfinished: the reactor's range fence orders reads after
+            // overlapping write pieces in the kernel, which this read would not wait for.
+            let open = !engine.dead.load(std::sync::atomic::Ordering::SeqCst)
+                && engine
+                    .writes_pending
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    == 0;
+            if let (true, Either::Host(h)) = (open, this.inner.transfer_mut()) {
+                let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
+                if let Some(n) = super::cached::try_read(fd, refused, h.dst, h.offset) {
+                    engine
+                        .cached_reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    this.inner.finish_unsent();
+                    return Poll::Ready(Ok(n));
+                }
+            }
+        }
         Pin::new(&mut self.inner).poll(cx).map(super::to_usize)
     }
 }

@@ -43,6 +43,27 @@ pub(crate) struct OwnedTarget {
     pub(crate) keep: Box<dyn std::any::Any + Send>,
 }
 
+/// A write not yet finished in the reactor, counted in its engine's
+/// [`ReactorHandle::writes_pending`](super::msg::ReactorHandle): made with the write's future
+/// (on the caller's thread, so a read the caller starts afterwards sees it), dropped when the
+/// reactor removes the op from its table, or with the request where it never gets there.
+/// While any is out, small reads keep to the reactor, whose range fence orders them after
+/// every overlapping write piece in the kernel (`op::cached`).
+pub(crate) struct PendingWrite(Arc<std::sync::atomic::AtomicUsize>);
+
+impl PendingWrite {
+    pub(crate) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        PendingWrite(count.clone())
+    }
+}
+
+impl Drop for PendingWrite {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What the caller asked for.
 pub(crate) enum OpRequest {
     Read {
@@ -60,6 +81,7 @@ pub(crate) enum OpRequest {
         offset: u64,
         len: u64,
         device: DeviceHint,
+        pending: PendingWrite,
     },
     Sync {
         file: Arc<Target>,

@@ -181,6 +181,7 @@ mod tests {
                 offset,
                 len,
                 device: None,
+                pending: crate::op::request::PendingWrite::new(&self.handle.writes_pending),
             })
         }
 

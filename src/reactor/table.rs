@@ -61,6 +61,8 @@ impl Plan {
 /// One op in the table.
 pub(super) struct OpEntry {
     pub(super) shared: Arc<OpShared>,
+    /// A write's place in the engine's count of unfinished writes (released with the entry).
+    pub(super) _pending: Option<crate::op::request::PendingWrite>,
     pub(super) file: Arc<Target>,
     pub(super) kind: OpKind,
     pub(super) plan: Plan,
@@ -233,6 +235,7 @@ impl Reactor {
             other => other,
         };
         let kind = req.op_kind();
+        let mut pending = None;
         let (file, offset, len, device, owned, lease) = match req {
             OpRequest::Read {
                 file,
@@ -247,7 +250,11 @@ impl Reactor {
                 offset,
                 len,
                 device,
-            } => (file, offset, len, device, None, None),
+                pending: p,
+            } => {
+                pending = Some(p);
+                (file, offset, len, device, None, None)
+            }
             OpRequest::Sync { file } => (file, 0, 0, None, None, None),
             OpRequest::Await { .. } => unreachable!("handled above"),
         };
@@ -341,6 +348,7 @@ impl Reactor {
         let _ = lease;
         let key = self.ops.insert(OpEntry {
             shared: shared.clone(),
+            _pending: pending,
             file,
             kind,
             plan,
@@ -391,6 +399,7 @@ impl Reactor {
         let file = file.unwrap_or_else(|| Arc::new(Target::unnamed()));
         let key = self.ops.insert(OpEntry {
             shared: shared.clone(),
+            _pending: None,
             file,
             kind,
             plan: Plan::Await,

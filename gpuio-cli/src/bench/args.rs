@@ -161,6 +161,10 @@ pub struct BenchArgs {
     /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
     #[arg(long)]
     pub(crate) owned: bool,
+    /// Every small host read through the reactor: no page-cache fast path on the polling
+    /// thread (`EngineBuilder::page_cache_fast_path`).
+    #[arg(long)]
+    pub(crate) no_fast_path: bool,
     /// Every task's device buffer on one CUDA stream (as under a framework's current stream)
     /// instead of a stream per task.
     #[arg(long)]
