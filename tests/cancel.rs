@@ -20,6 +20,8 @@ fn engines_for_cancel() -> Vec<(&'static str, Engine)> {
             .chunk_size(256 << 10)
             .queue_depth(4)
             .bounce_slots(8)
+            // Small reads must reach the reactor here, to be mid-flight when dropped.
+            .page_cache_fast_path(false)
             .build()
         {
             Ok(e) => v.push((

@@ -284,6 +284,8 @@ fn a_spinning_reactor_reaps_completions_while_it_spins() {
         let engine = match gpuio::Engine::builder()
             .backend(backend)
             .reactor_spin(std::time::Duration::from_secs(10))
+            // The reads must reach the (spinning) reactor.
+            .page_cache_fast_path(false)
             .build()
         {
             Ok(e) => e,
@@ -324,6 +326,23 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
     use std::os::fd::AsRawFd;
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "warm", (1 << 20) + 333, 61);
+    {
+        // Where the kernel or filesystem refuses RWF_NOWAIT the fast path never runs: say so.
+        let probe = std::fs::File::open(&path).unwrap();
+        let mut one = [0u8; 1];
+        let iov = libc::iovec {
+            iov_base: one.as_mut_ptr().cast(),
+            iov_len: 1,
+        };
+        // SAFETY: a valid descriptor and a one-byte buffer that outlives the call.
+        if unsafe { libc::preadv2(probe.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) } < 0 {
+            let e = std::io::Error::last_os_error();
+            skipped(format!(
+                "small_cached_reads_are_served_on_the_polling_thread: RWF_NOWAIT refused here ({e})"
+            ));
+            return;
+        }
+    }
     let engine = Engine::new().unwrap();
     let f = engine.open(&path).unwrap();
     let mut rng = fastrand::Rng::with_seed(3);
@@ -386,6 +405,31 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
         "no write is pending any more"
     );
     assert!(b[..] == data[3..3 + 4096]);
+
+    // A read started after a write was dropped mid-flight sees what it will keep seeing: the
+    // write's pieces already in the kernel land before it (the reactor's fence), not after.
+    let (wpath, _) = test_file(dir.path(), "rewritten", 8 << 20, 62);
+    let wf = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&engine, &wpath)
+        .unwrap();
+    let other = vec![0x5Au8; 8 << 20];
+    for round in 0..4u64 {
+        let mut w = Box::pin(wf.write_from(&other[..], 0));
+        poll_once(&mut w);
+        drop(w);
+        let at = 4096 * (1 + 37 * round) + 512 * round;
+        let mut first = vec![0u8; 4096];
+        assert_eq!(wf.read_into(&mut first, at).await.unwrap(), 4096);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut again = vec![0u8; 4096];
+        assert_eq!(wf.read_into(&mut again, at).await.unwrap(), 4096);
+        assert!(
+            first == again,
+            "round {round}: the dropped write landed after the read"
+        );
+    }
 
     let off = Engine::builder()
         .page_cache_fast_path(false)

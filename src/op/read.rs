@@ -1,4 +1,5 @@
-//! Reads into borrowed host memory: the future copies landed slots into the caller's buffer.
+//! Reads into borrowed host memory: the future copies landed slots into the caller's buffer,
+//! or (small reads of cached bytes, `op::cached`) reads straight into it at first poll.
 
 use std::future::Future;
 use std::pin::Pin;
