@@ -335,7 +335,10 @@ impl File {
                         offset,
                         len,
                         device,
-                        pending: crate::op::request::PendingWrite::new(&shared.writes_pending),
+                        pending: crate::op::request::PendingWrite::new(
+                            &shared.writes_pending,
+                            &self.inner.fence_key,
+                        ),
                     },
                 };
                 OpFuture::new(shared, req, transfer)

@@ -385,7 +385,7 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
         "large and O_DIRECT reads go to the reactor"
     );
 
-    // While a write of this engine is unfinished, small reads keep to the reactor: its range
+    // While a write of this file is unfinished, small reads of it keep to the reactor: its range
     // fence orders them after overlapping write pieces in the kernel (a dropped write's too).
     let rw = OpenOptions::new()
         .read(true)

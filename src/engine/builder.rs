@@ -243,9 +243,9 @@ impl EngineBuilder {
     /// bounce slot, no reactor, no wake-ups. Otherwise (not cached, partly cached, any error)
     /// the read goes through the reactor as usual. Off: every read goes through the reactor.
     ///
-    /// While any write of this engine is unfinished (a live or leaked write future, on any
-    /// file), small reads keep to the reactor, whose range fence orders them after write
-    /// pieces in the kernel; an engine that writes all the time gains nothing here. A read
+    /// While a write of the same file is unfinished on this engine (a live or leaked write
+    /// future), small reads of it keep to the reactor, whose range fence orders them after
+    /// write pieces in the kernel; a file written all the time gains nothing here. A read
     /// that misses the cache costs one extra system call, and may start readahead: on some
     /// filesystems that briefly waits for metadata on the polling thread.
     pub fn page_cache_fast_path(mut self, on: bool) -> Self {

@@ -136,9 +136,9 @@ pub(crate) struct ReactorHandle {
     pub(crate) cached_fast_path: bool,
     /// Reads the polling thread served from the page cache.
     pub(crate) cached_reads: std::sync::atomic::AtomicU64,
-    /// Writes whose futures exist and whose ops the reactor has not finished
+    /// Writes whose futures exist and whose ops the reactor has not finished, per file
     /// (`request::PendingWrite`).
-    pub(crate) writes_pending: Arc<std::sync::atomic::AtomicUsize>,
+    pub(crate) writes_pending: Arc<super::request::PendingWrites>,
     /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
     #[cfg(test)]
     pub(crate) turns: std::sync::atomic::AtomicUsize,
@@ -156,7 +156,7 @@ impl ReactorHandle {
             leased_reads: std::sync::atomic::AtomicU64::new(0),
             cached_fast_path: true,
             cached_reads: std::sync::atomic::AtomicU64::new(0),
-            writes_pending: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            writes_pending: Arc::new(super::request::PendingWrites::new()),
             #[cfg(test)]
             turns: std::sync::atomic::AtomicUsize::new(0),
         }

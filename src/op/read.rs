@@ -113,13 +113,10 @@ impl Future for ReadInto<'_> {
         if let Some(file) = self.cached.take() {
             let this = &mut *self;
             let engine = this.inner.engine().clone();
-            // No write of this engine unfinished: the reactor's range fence orders reads after
+            // No write of this file unfinished: the reactor's range fence orders reads after
             // overlapping write pieces in the kernel, which this read would not wait for.
             let open = !engine.dead.load(std::sync::atomic::Ordering::SeqCst)
-                && engine
-                    .writes_pending
-                    .load(std::sync::atomic::Ordering::SeqCst)
-                    == 0;
+                && !engine.writes_pending.any(&file.fence_key);
             if let (true, Either::Host(h)) = (open, this.inner.transfer_mut()) {
                 let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
                 if let Some(n) = super::cached::try_read(fd, refused, h.dst, h.offset) {

@@ -43,24 +43,57 @@ pub(crate) struct OwnedTarget {
     pub(crate) keep: Box<dyn std::any::Any + Send>,
 }
 
-/// A write not yet finished in the reactor, counted in its engine's
-/// [`ReactorHandle::writes_pending`](super::msg::ReactorHandle): made with the write's future
-/// (on the caller's thread, so a read the caller starts afterwards sees it), dropped when the
-/// reactor removes the op from its table, or with the request where it never gets there.
-/// While any is out, small reads keep to the reactor, whose range fence orders them after
-/// every overlapping write piece in the kernel (`op::cached`).
-pub(crate) struct PendingWrite(Arc<std::sync::atomic::AtomicUsize>);
+/// Unfinished writes of one engine, counted per file identity (hashed into a few counters:
+/// two files sharing one only make the fast path more careful, never less).
+pub(crate) struct PendingWrites([std::sync::atomic::AtomicUsize; PENDING_SHARDS]);
+
+const PENDING_SHARDS: usize = 64;
+
+impl PendingWrites {
+    pub(crate) fn new() -> Self {
+        PendingWrites(std::array::from_fn(|_| {
+            std::sync::atomic::AtomicUsize::new(0)
+        }))
+    }
+
+    fn shard(key: &crate::target::FileKey) -> usize {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        (h.finish() % PENDING_SHARDS as u64) as usize
+    }
+
+    /// Whether a write of the file `key` (or of one sharing its counter) is unfinished.
+    pub(crate) fn any(&self, key: &crate::target::FileKey) -> bool {
+        self.0[Self::shard(key)].load(std::sync::atomic::Ordering::SeqCst) != 0
+    }
+}
+
+/// A write not yet finished in the reactor, counted in its engine's [`PendingWrites`] under
+/// its file: made with the write's future (on the caller's thread, so a read the caller
+/// starts afterwards sees it), dropped when the reactor removes the op from its table, or
+/// with the request where it never gets there. While one is out, small reads of that file
+/// keep to the reactor, whose range fence orders them after every overlapping write piece in
+/// the kernel (`op::cached`).
+pub(crate) struct PendingWrite {
+    all: Arc<PendingWrites>,
+    shard: usize,
+}
 
 impl PendingWrite {
-    pub(crate) fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        PendingWrite(count.clone())
+    pub(crate) fn new(all: &Arc<PendingWrites>, key: &crate::target::FileKey) -> Self {
+        let shard = PendingWrites::shard(key);
+        all.0[shard].fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        PendingWrite {
+            all: all.clone(),
+            shard,
+        }
     }
 }
 
 impl Drop for PendingWrite {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.all.0[self.shard].fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -181,7 +181,10 @@ mod tests {
                 offset,
                 len,
                 device: None,
-                pending: crate::op::request::PendingWrite::new(&self.handle.writes_pending),
+                pending: crate::op::request::PendingWrite::new(
+                    &self.handle.writes_pending,
+                    &file.fence_key,
+                ),
             })
         }
 
