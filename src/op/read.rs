@@ -112,15 +112,16 @@ impl Future for ReadInto<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
         if let Some(file) = self.cached.take() {
             let this = &mut *self;
-            let engine = this.inner.engine().clone();
             // No write of this file unfinished: the reactor's range fence orders reads after
             // overlapping write pieces in the kernel, which this read would not wait for.
+            let engine = this.inner.engine();
             let open = !engine.dead.load(std::sync::atomic::Ordering::SeqCst)
                 && !engine.writes_pending.any(&file.fence_key);
             if let (true, Either::Host(h)) = (open, this.inner.transfer_mut()) {
                 let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
                 if let Some(n) = super::cached::try_read(fd, refused, h.dst, h.offset) {
-                    engine
+                    this.inner
+                        .engine()
                         .cached_reads
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     this.inner.finish_unsent();
