@@ -153,11 +153,6 @@ impl OpenOptions {
     }
 }
 
-/// Whether a read's destination is host memory.
-fn device_free(f: &crate::op::future::OpFuture<crate::op::read::CopyOut<'_>>) -> bool {
-    matches!(f.transfer(), crate::op::future::Either::Host(_))
-}
-
 impl File {
     /// Opens NVMe namespace `trid` through SPDK (see [`Engine::open_nvme`]).
     pub(crate) fn open_nvme(engine: &Engine, trid: &str) -> Result<File> {
@@ -376,11 +371,10 @@ impl File {
             }
         };
         let inner = self.start(OpKind::Read, offset, len, device, transfer);
-        // A small host read of a buffered file may be served from the page cache at first
-        // poll (`op::cached`): only a valid request the reactor would otherwise take.
+        // A small read of a buffered file may be served from the page cache at first poll
+        // (`op::cached`): only a valid request the reactor would otherwise take.
         let t = &self.inner;
-        let cached = (device_free(&inner)
-            && inner.is_unsent()
+        let cached = (inner.is_unsent()
             && len <= crate::op::cached::CACHED_READ_MAX
             && self.engine.shared().cached_fast_path
             && t.nvme.is_none()

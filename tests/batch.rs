@@ -443,7 +443,11 @@ async fn device_batches_of_small_reads_combine_their_copies() {
     let stream = ctx.new_stream().unwrap();
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "small.bin", 16 << 20, 47);
-    let engine = Engine::new().unwrap();
+    // The page-cache fast path would serve these cached pages on the polling thread instead.
+    let engine = Engine::builder()
+        .page_cache_fast_path(false)
+        .build()
+        .unwrap();
     let f = engine.open(&path).unwrap();
     let mut rng = fastrand::Rng::with_seed(21);
     let pages = data.len() / 4096;
@@ -498,4 +502,73 @@ async fn device_batches_of_small_reads_combine_their_copies() {
     let mut dev = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
     let r = plan.read_into(&mut dev).await.exact(&descs).unwrap();
     assert_eq!(r, 1024 * 4096);
+}
+
+/// Batches of small reads served from the page cache (`op::cached` through the batch's
+/// stage): every batch borrows the polling thread's pageable stage, and its flush copies from
+/// it in one call that reads the stage before returning (or one copy each, which stages it),
+/// so the next batch may reuse it at once. The destination's stream is held up by a kernel
+/// while eight batches queue their copies behind it: had the driver read the stage when the
+/// stream got there, every batch would find the last one's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_batches_served_from_the_page_cache() {
+    use gpuio::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+    const T: &str = "device_batches_served_from_the_page_cache";
+    if !gpuio::cuda::available() {
+        skipped(format!("{T}: no usable CUDA device"));
+        return;
+    }
+    let ctx = gpuio::cuda::context(0).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "small.bin", 16 << 20, 48);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
+    let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
+    let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
+    let ns: u64 = 200_000_000;
+    let mut b = stream.launch_builder(&spin);
+    b.arg(&ns).arg(&mut flag);
+    // SAFETY: one thread writes the one u32 `flag` holds.
+    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    let mut rng = fastrand::Rng::with_seed(22);
+    let before = engine.cached_reads();
+    let mut results = Vec::new();
+    for round in 0..8 {
+        // 4 KiB-aligned reads two pages apart (none merge), plus odd sizes and offsets.
+        let descs: Vec<ReadDesc> = (0..256)
+            .map(|i| {
+                let len = if i % 4 == 0 { rng.usize(1..=8192) } else { 4096 };
+                let off = rng.usize(0..data.len() / 8192 - 2) * 8192 + rng.usize(0..64);
+                ReadDesc::new(&f, off as u64, len, i * 8192)
+            })
+            .collect();
+        let plan = BatchPlan::new(descs.clone());
+        let mut dev = stream.alloc_zeros::<u8>(plan.dst_len()).unwrap();
+        let r = plan.read_into(&mut dev).await.exact(&descs);
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        results.push((descs, dev));
+    }
+    let served = engine.cached_reads() - before;
+    stream.synchronize().unwrap();
+    for (round, (descs, dev)) in results.iter().enumerate() {
+        let back = stream.clone_dtoh(dev).unwrap();
+        for (i, d) in descs.iter().enumerate() {
+            let want = expected(&data, d);
+            assert!(
+                back[d.dst_offset..d.dst_offset + want.len()] == want[..],
+                "round {round}, desc {i}: {} bytes differ",
+                differing(&back[d.dst_offset..d.dst_offset + want.len()], &want)
+            );
+        }
+    }
+    if served == 0 {
+        skipped(format!(
+            "{T}: no read was served from the page cache here (RWF_NOWAIT refused?)"
+        ));
+    } else {
+        eprintln!("{T}: {served} of 2048 reads served from the page cache");
+        assert!(served >= 1024, "only {served} of 2048 served");
+    }
 }

@@ -326,19 +326,6 @@ async fn free_after_leaked_read_on_a_dropped_stream() {
     }
 }
 
-/// A kernel that keeps the GPU busy for about `ns` nanoseconds, then sets `*flag = 1`.
-const SPIN_KERNEL: &str = r#"
-extern "C" __global__ void spin(unsigned long long ns, unsigned int* flag) {
-    unsigned long long t0;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    for (;;) {
-        unsigned long long t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-        if (t - t0 >= ns) break;
-    }
-    *flag = 1;
-}
-"#;
 
 #[test]
 fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
@@ -522,6 +509,107 @@ async fn memory_on_a_second_gpu() {
                 "memory_on_a_second_gpu: direct={direct} GPU {} via {}",
                 round % 2,
                 f.gds_status()
+            );
+        }
+    }
+}
+
+/// Small reads into device memory served from the page cache on the polling thread
+/// (`op::cached`): each goes through one per-thread pageable buffer that the next read reuses
+/// at once, which is only right because CUDA stages a pageable source before the copy call
+/// returns. The destination's stream is held up by a kernel while the reads queue their copies
+/// behind it: had the driver read the buffer when the stream got there, every read but the
+/// last would find the later reads' bytes. Half the reads go on another stream that is dropped
+/// with the memory right after; fresh allocations must stay as written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_cached_reads_into_device_memory_skip_the_reactor() {
+    let Some(ctx) = gpu("small_cached_reads_into_device_memory_skip_the_reactor") else {
+        return;
+    };
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "warm", 8 << 20, 41);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let ptx = cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
+    let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
+    let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
+    const READS: usize = 400;
+    let max = gpuio::CACHED_READ_MAX;
+    let mut whole = stream.alloc_zeros::<u8>(READS * max).unwrap();
+    let ns: u64 = 200_000_000;
+    let mut b = stream.launch_builder(&spin);
+    b.arg(&ns).arg(&mut flag);
+    // SAFETY: one thread writes the one u32 `flag` holds.
+    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    let (before, other) = (engine.cached_reads(), ctx.new_stream().unwrap());
+    let mut rng = fastrand::Rng::with_seed(9);
+    let mut want = Vec::new();
+    for i in 0..READS {
+        let len = rng.usize(1..=max);
+        let off = rng.usize(0..data.len() - len);
+        let mut view = whole.slice_mut(i * max..i * max + len);
+        let fut = f.read_into(&mut view, off as u64);
+        let n = if i % 2 == 0 {
+            fut.await
+        } else {
+            fut.on_stream(&other).await
+        }
+        .unwrap();
+        assert_eq!(n, len);
+        want.push((i * max, off, len));
+    }
+    let served = engine.cached_reads() - before;
+    stream.synchronize().unwrap();
+    let got = d2h(&stream, &whole);
+    for &(at, off, len) in &want {
+        assert!(
+            got[at..at + len] == data[off..off + len],
+            "{len} bytes from {off}: {} differ",
+            differing(&got[at..at + len], &data[off..off + len])
+        );
+    }
+    if served == 0 {
+        skipped(
+            "small_cached_reads_into_device_memory_skip_the_reactor: no read was served \
+                 from the page cache here (RWF_NOWAIT refused?); the reactor's path was checked",
+        );
+    } else {
+        assert!(
+            served as usize >= READS / 2,
+            "only {served} of {READS} served"
+        );
+    }
+
+    // Reads on another stream, then that stream and the memory dropped at once: the free on
+    // the memory's own stream follows the copies.
+    for round in 0..3 {
+        let mut doomed = stream.alloc_zeros::<u8>(READS * 4096).unwrap();
+        let other = ctx.new_stream().unwrap();
+        let mut b = stream.launch_builder(&spin);
+        b.arg(&ns).arg(&mut flag);
+        // SAFETY: as above.
+        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+        for i in 0..READS {
+            let mut view = doomed.slice_mut(i * 4096..(i + 1) * 4096);
+            let mut fut = Box::pin(f.read_into(&mut view, (i * 4096) as u64).on_stream(&other));
+            if !poll_once(&mut fut) {
+                // Through the reactor after all: finish it the usual way.
+                fut.await.unwrap();
+            } else if i % 2 == 1 {
+                std::mem::forget(fut);
+            }
+        }
+        drop(other);
+        drop(doomed);
+        let fresh: Vec<CudaSlice<u8>> = (0..4)
+            .map(|_| stream.clone_htod(&vec![0x66u8; READS * 1024]).unwrap())
+            .collect();
+        ctx.synchronize().unwrap();
+        for d in &fresh {
+            assert!(
+                d2h(&stream, d).iter().all(|&b| b == 0x66),
+                "round {round}: freed memory written by a fast-path copy"
             );
         }
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::sys::CUstream;
 
-use super::memops::{copy_one, memops};
+use super::memops::{SrcOrder, copy_one, memops};
 
 /// Most copies in one driver call.
 const MAX_BATCH: usize = 1024;
@@ -71,7 +71,9 @@ pub(crate) unsafe fn queue(raw: CUstream, copies: &[CopySpec]) -> Result<(), Str
             let mut sizes: Vec<usize> = chunk.iter().map(|c| c.n).collect();
             // SAFETY: the caller's preconditions are `copy_batch`'s; the stream is neither
             // NULL nor a special handle (`batchable`).
-            if let Err(why) = unsafe { ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw) } {
+            let queued =
+                unsafe { ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw, SrcOrder::Stream) };
+            if let Err(why) = queued {
                 // No failure index in the v2 call: some may be queued. Queuing all of them
                 // again one by one writes the same bytes to the same places, in stream order.
                 tracing::warn!(%why, "batched device copies failed; copying one by one from now on");
@@ -82,6 +84,47 @@ pub(crate) unsafe fn queue(raw: CUstream, copies: &[CopySpec]) -> Result<(), Str
     }
     for c in one_by_one {
         // SAFETY: the caller's preconditions, for one copy.
+        unsafe { copy_one(c.dst, c.src, c.n, raw) }?;
+    }
+    Ok(())
+}
+
+/// Queues `copies`, every source in pageable host memory, on `raw`, and returns once the
+/// driver has read every source: in `cuMemcpyBatchAsync` calls whose sources are read during
+/// the call, or one `cuMemcpyAsync` each (which stages a pageable source before returning).
+/// The sources may be reused as soon as this returns, whether it succeeds or fails.
+///
+/// # Safety
+/// `raw` must be a live stream of the context current on this thread; every source must be
+/// readable pageable host memory (never pinned or registered: the driver would read it later)
+/// and every destination device memory that stays valid until the stream has passed the
+/// copies; no two destinations may overlap.
+pub(crate) unsafe fn queue_staged(raw: CUstream, copies: &[CopySpec]) -> Result<(), String> {
+    let ops = memops().ok().filter(|o| o.has_batch());
+    let mut rest: &[CopySpec] = copies;
+    if let Some(ops) =
+        ops.filter(|_| copies.len() > 1 && batchable(raw) && !BATCH_BROKEN.load(Ordering::Relaxed))
+    {
+        for chunk in copies.chunks(MAX_BATCH) {
+            let mut dsts: Vec<u64> = chunk.iter().map(|c| c.dst).collect();
+            let mut srcs: Vec<u64> = chunk.iter().map(|c| c.src).collect();
+            let mut sizes: Vec<usize> = chunk.iter().map(|c| c.n).collect();
+            // SAFETY: the caller's preconditions, with sources read before the call returns.
+            let queued = unsafe {
+                ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw, SrcOrder::DuringCall)
+            };
+            if let Err(why) = queued {
+                // Some may be queued: the rest go one by one from this chunk on, writing the
+                // same bytes to the same places in stream order.
+                tracing::warn!(%why, "batched device copies failed; copying one by one from now on");
+                BATCH_BROKEN.store(true, Ordering::Relaxed);
+                break;
+            }
+            rest = &rest[chunk.len()..];
+        }
+    }
+    for c in rest {
+        // SAFETY: the caller's preconditions, for one copy from pageable memory.
         unsafe { copy_one(c.dst, c.src, c.n, raw) }?;
     }
     Ok(())

@@ -119,15 +119,18 @@ impl MemOps {
         )
     }
 
-    /// Queues `dsts.len()` copies on `stream` in one driver call, each source read in stream
-    /// order (never after a later event or value write on `stream`). Falls back to nothing: the
-    /// caller checks [`has_batch`](Self::has_batch) first.
+    /// Queues `dsts.len()` copies on `stream` in one driver call. With
+    /// [`SrcOrder::Stream`] each source is read in stream order (never after a later event or
+    /// value write on `stream`); with [`SrcOrder::DuringCall`] every source has been read when
+    /// the call returns (the driver stages it), so it may be reused at once. Falls back to
+    /// nothing: the caller checks [`has_batch`](Self::has_batch) first.
     ///
     /// # Safety
     /// `stream` must be a live non-NULL stream of the context current on this thread; for each
     /// `i`, `[srcs[i], srcs[i] + sizes[i])` and `[dsts[i], dsts[i] + sizes[i])` must be memory
     /// the device may access (device memory, or pinned host memory, each range within one
-    /// registration) that stays valid until the stream has passed the copies, and no two
+    /// registration; with `DuringCall`, any host memory) that stays valid until the stream has
+    /// passed the copies (with `DuringCall`, sources only until the call returns), and no two
     /// destinations may overlap (copies inside one batch run in no particular order).
     pub(crate) unsafe fn copy_batch(
         &self,
@@ -135,6 +138,7 @@ impl MemOps {
         srcs: &mut [CUdeviceptr],
         sizes: &mut [usize],
         stream: CUstream,
+        order: SrcOrder,
     ) -> Result<(), String> {
         let Some(batch) = self.batch else {
             return Err("the driver has no cuMemcpyBatchAsync".into());
@@ -147,7 +151,12 @@ impl MemOps {
         // zero is a declared variant); the source order is set next, the location hints stay
         // "invalid", which the driver ignores for memory that is not managed.
         let mut attrs: CUmemcpyAttributes = unsafe { std::mem::zeroed() };
-        attrs.srcAccessOrder = CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attrs.srcAccessOrder = match order {
+            SrcOrder::Stream => CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            SrcOrder::DuringCall => {
+                CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL
+            }
+        };
         let mut attr_idx = [0usize];
         // SAFETY: the arrays are as long as the count, one attribute entry at index 0 covers
         // every copy; the caller guarantees the memory and stream preconditions.
@@ -167,6 +176,15 @@ impl MemOps {
             "cuMemcpyBatchAsync",
         )
     }
+}
+
+/// When a batched copy reads its sources (`CUmemcpySrcAccessOrder`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SrcOrder {
+    /// In stream order: the source must stay valid until the stream has passed the copy.
+    Stream,
+    /// Before the call returns: the source may be reused as soon as it has.
+    DuringCall,
 }
 
 /// Queues one copy of `n` bytes from `src` to `dst` on `stream` (addresses in the unified

@@ -235,12 +235,13 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether small reads into host memory (up to
-    /// [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes, buffered files on the io_uring and
-    /// pread paths) first try the page cache on the thread that polls them (default on): a
-    /// `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the kernel serves only if
-    /// the bytes are cached and it need not wait. Served, the read is done in that poll: no
-    /// bounce slot, no reactor, no wake-ups. Otherwise (not cached, partly cached, any error)
+    /// Whether small reads (up to [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes, buffered
+    /// files on the io_uring and pread paths) first try the page cache on the thread that polls
+    /// them (default on): a `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the
+    /// kernel serves only if the bytes are cached and it need not wait. For device memory the
+    /// bytes go through a per-thread pageable buffer and one host-to-device copy queued on the
+    /// destination's stream, which CUDA stages before the call returns. Served, the read is done
+    /// in that poll: no bounce slot, no reactor, no wake-ups. Otherwise (not cached, partly cached, any error)
     /// the read goes through the reactor as usual. Off: every read goes through the reactor.
     ///
     /// While a write of the same file is unfinished on this engine (a live or leaked write

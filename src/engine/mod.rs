@@ -209,7 +209,7 @@ impl Engine {
         self.inner.shared.leased_reads.load(Ordering::Relaxed)
     }
 
-    /// Small reads into host memory so far that the polling thread served straight from the
+    /// Small reads (into host or device memory) so far that the polling thread served straight from the
     /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
     pub fn cached_reads(&self) -> u64 {
         self.inner.shared.cached_reads.load(Ordering::Relaxed)

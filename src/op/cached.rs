@@ -7,6 +7,14 @@
 //! cached page (`BENCHMARKS.md`: the reactor thread is what bounds small reads). Served here,
 //! the read is one system call on the polling thread. The copy happens inside `poll`, into
 //! the buffer the future borrows, so dropping or leaking the future afterwards changes nothing.
+//!
+//! Small reads into device memory take the same path through a per-thread pageable staging
+//! buffer ([`with_stage`]): `RWF_NOWAIT` into it, then one `cuMemcpyHtoDAsync` from it on the
+//! destination's stream, also inside `poll`. CUDA copies a pageable source into its own
+//! staging memory before that call returns (the driver API's documented synchronisation rule
+//! for asynchronous host-to-device copies from pageable memory), so the buffer is free for the
+//! next read at once: no bounce slot, no event, no reactor, no wake. What is left is queued on
+//! the stream in front of cudarc's write event, as every copy a read's future issues is.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,4 +60,109 @@ pub(crate) fn try_read(
     // A short count is end of file or a range only partly cached: the reactor's read tells
     // which (re-reading the cached part is harmless).
     (n == dst.len() || n == 0).then_some(n)
+}
+
+/// Bytes of each thread's staging buffer for small device reads.
+#[cfg(feature = "cuda")]
+const STAGE_LEN: usize = CACHED_READ_MAX;
+
+/// Pageable host memory that small device reads pass through: a private anonymous mapping of
+/// its own, so no one else has pinned it (`cuMemHostRegister` on memory the heap later hands
+/// out would make CUDA read it asynchronously; a mapping of ours is never registered by
+/// anyone who does not own it). Its pages are only made when first touched.
+#[cfg(feature = "cuda")]
+pub(crate) struct PageableStage {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the stage is plain memory owned by this value; moving it to another thread moves
+// that ownership, and `&self` gives out nothing (every access goes through `&mut self`).
+#[cfg(feature = "cuda")]
+unsafe impl Send for PageableStage {}
+
+#[cfg(feature = "cuda")]
+impl PageableStage {
+    /// A stage of `len` bytes; `None` if the mapping fails.
+    pub(crate) fn new(len: usize) -> Option<PageableStage> {
+        // SAFETY: an anonymous private mapping of `len` bytes at an address of the kernel's
+        // choosing; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        std::ptr::NonNull::new(p.cast()).map(|ptr| PageableStage { ptr, len })
+    }
+
+    /// The whole stage, writable.
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, readable and writable, lives as long as `self`,
+        // and `&mut self` makes this the only reference into it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Drop for PageableStage {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the start of our own `len`-byte mapping, referenced by no one once
+        // `self` goes (the driver read it before each copy call returned).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(feature = "cuda")]
+thread_local! {
+    static STAGE: std::cell::RefCell<Option<PageableStage>> = const { std::cell::RefCell::new(None) };
+    /// The stage a batch polled on this thread borrows for one poll (`op::combine`): kept
+    /// between batches so its pages are made once, not on every batch.
+    static BATCH_STAGE: std::cell::Cell<Option<PageableStage>> = const { std::cell::Cell::new(None) };
+}
+
+/// Bytes of a batch's stage (virtual: pages are made as reads touch them).
+#[cfg(feature = "cuda")]
+pub(crate) const BATCH_STAGE_LEN: usize = 4 << 20;
+
+/// This thread's batch stage, or a new one if another batch holds it; `None` if the mapping
+/// fails.
+#[cfg(feature = "cuda")]
+pub(crate) fn take_batch_stage() -> Option<PageableStage> {
+    BATCH_STAGE
+        .try_with(|c| c.take())
+        .ok()
+        .flatten()
+        .or_else(|| PageableStage::new(BATCH_STAGE_LEN))
+}
+
+/// Keeps `stage` (its copies queued, its bytes read by the driver) for the next batch polled
+/// on this thread.
+#[cfg(feature = "cuda")]
+pub(crate) fn keep_batch_stage(stage: PageableStage) {
+    // During thread teardown the stage is simply dropped.
+    let _ = BATCH_STAGE.try_with(|c| c.set(Some(stage)));
+}
+
+/// Runs `f` with this thread's staging buffer (made on first use); `None` where it cannot be
+/// made or is in use further up this thread's stack.
+#[cfg(feature = "cuda")]
+pub(crate) fn with_stage<R>(f: impl FnOnce(&mut PageableStage) -> Option<R>) -> Option<R> {
+    STAGE
+        .try_with(|cell| {
+            let mut slot = cell.try_borrow_mut().ok()?;
+            if slot.is_none() {
+                *slot = PageableStage::new(STAGE_LEN);
+            }
+            f(slot.as_mut()?)
+        })
+        .ok()
+        .flatten()
 }

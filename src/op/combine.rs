@@ -18,12 +18,13 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 
+use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch_stage, try_read};
 use super::device::read_copies;
 use super::gate::Gated;
 use super::msg::{Msg, ReactorHandle};
 use super::{OpShared, ReadyPiece};
 use crate::buf::arena::BounceArena;
-use crate::cuda::copylist;
+use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
@@ -52,10 +53,21 @@ pub(crate) struct Combined {
     pub(crate) len: usize,
 }
 
+/// Reads of a batch served from the page cache (`op::cached`) during one poll: their bytes
+/// wait in a pageable stage (the polling thread's, borrowed until the flush), and their copies
+/// for the batch's next flush. Reads that do not fit go through the reactor.
+#[derive(Default)]
+struct StagedReads {
+    stage: Option<PageableStage>,
+    used: usize,
+    copies: Vec<CopySpec>,
+}
+
 /// Collects landed pieces during one poll of a batch; [`flush`](Self::flush) copies them.
 #[derive(Default)]
 pub(crate) struct CopyCombiner {
     pending: Mutex<Vec<Combined>>,
+    staged: Mutex<StagedReads>,
 }
 
 /// One engine's share of a flush: its slots go back behind one event.
@@ -78,15 +90,86 @@ impl CopyCombiner {
             .push(c);
     }
 
+    /// Reads `len` bytes at `offset` of `fd` into the batch's stage if the page cache holds
+    /// every one of them (`op::cached::try_read`), and keeps their copy to `dptr` for the next
+    /// flush. `None`: not served (not cached, no room left in the stage, any error); the read
+    /// goes through the reactor.
+    pub(crate) fn read_cached(
+        &self,
+        fd: std::os::fd::RawFd,
+        refused: &std::sync::atomic::AtomicBool,
+        dptr: u64,
+        offset: u64,
+        len: usize,
+    ) -> Option<usize> {
+        let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let StagedReads {
+            stage,
+            used,
+            copies,
+        } = &mut *st;
+        if *used + len > BATCH_STAGE_LEN {
+            return None;
+        }
+        if stage.is_none() {
+            *stage = take_batch_stage();
+        }
+        let buf = &mut stage.as_mut()?.bytes()[*used..*used + len];
+        let n = try_read(fd, refused, buf, offset)?;
+        if n > 0 {
+            copies.push(CopySpec {
+                dst: dptr,
+                src: buf.as_ptr() as u64,
+                n,
+                direct: false,
+            });
+            *used += n;
+        }
+        Some(n)
+    }
+
+    /// Queues the staged reads' copies on `stream`; the stage is free again when this returns.
+    fn flush_staged(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
+        let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if st.copies.is_empty() {
+            if let Some(stage) = st.stage.take() {
+                keep_batch_stage(stage);
+            }
+            return Ok(());
+        }
+        let queued = stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("binding the context: {e}"))
+            .and_then(|()| {
+                // SAFETY: every source lies in the stage, pageable memory of our own mapping,
+                // which the driver has read when this returns (and which nothing touches
+                // before then: the lock is held); every destination lies inside its read's
+                // range of the batch's destination, which the batch holds exclusively and
+                // whose runs are disjoint; `stream` is the destination's live stream, its
+                // context bound above.
+                unsafe { copylist::queue_staged(stream.cu_stream(), &st.copies) }
+            });
+        FLUSHES.fetch_add(1, Ordering::Relaxed);
+        COPIES.fetch_add(st.copies.len() as u64, Ordering::Relaxed);
+        st.copies.clear();
+        st.used = 0;
+        if let Some(stage) = st.stage.take() {
+            keep_batch_stage(stage);
+        }
+        queued
+    }
+
     /// Queues on `stream` (the destination's own) every copy handed over since the last
     /// flush, and sends each engine one message that gives its slots back once an event
     /// recorded behind the copies has completed. On failure the reads' pieces are abandoned
     /// (copies may be queued with nothing to say when they end) and the reason returned: the
     /// batch then fails its reads.
     pub(crate) fn flush(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
+        let staged = self.flush_staged(stream);
         let pending = self.take();
         if pending.is_empty() {
-            return Ok(());
+            return staged;
         }
         match Self::issue(&pending, stream) {
             Ok(events) => {
@@ -123,7 +206,7 @@ impl CopyCombiner {
                     .keeping(share.keep);
                     share.engine.send(Msg::Gated(gated));
                 }
-                Ok(())
+                staged
             }
             Err(why) => {
                 for c in pending {

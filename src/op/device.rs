@@ -126,6 +126,75 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) combine: Option<Combine>,
 }
 
+impl DeviceCopyOut<'_> {
+    /// Serves the read from the page cache if it holds every byte (`op::cached`): through
+    /// this thread's pageable stage and one copy, or, for a batch's read, through the batch's
+    /// stage, whose copies its next flush queues in one call. `None`: not served.
+    pub(crate) fn read_cached(
+        &mut self,
+        fd: std::os::fd::RawFd,
+        refused: &std::sync::atomic::AtomicBool,
+    ) -> Option<Result<usize, Error>> {
+        let len = self.dst.byte_len();
+        if let Some(c) = &self.combine {
+            let own = self.dst.own_stream().clone();
+            // A batch's range: the pointer only (the batch records cudarc's event itself).
+            let (dptr, _range) = self.dst.write_ptr(&own);
+            return c
+                .combiner
+                .read_cached(fd, refused, dptr, self.offset, len)
+                .map(Ok);
+        }
+        super::cached::with_stage(|stage| {
+            let n = super::cached::try_read(fd, refused, &mut stage.bytes()[..len], self.offset)?;
+            Some(self.copy_pageable(&stage.bytes()[..n]).map(|()| n))
+        })
+    }
+
+    /// Copies `bytes`, in pageable host memory, to the start of the destination on the chosen
+    /// stream (`op::cached`'s small reads). CUDA has copied a pageable source into its own
+    /// staging memory when the call returns, so `bytes` may be reused at once; the copy into
+    /// the destination is queued in front of cudarc's write event, as `transfer`'s are.
+    fn copy_pageable(&mut self, bytes: &[u8]) -> Result<(), Error> {
+        let fail = |what: &str, e: DriverError| {
+            Error::cuda_msg(
+                Context::op(OpKind::Read)
+                    .with_offset(self.offset)
+                    .with_backend("cuda"),
+                format!("{what}: {e}"),
+            )
+        };
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let own = self.dst.own_stream().clone();
+        let stream = self.stream.as_ref().unwrap_or(&own);
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| fail("binding the context", e))?;
+        debug_assert!(bytes.len() <= self.dst.byte_len());
+        let (dptr, write_guard) = self.dst.write_ptr(stream);
+        // SAFETY: the destination [dptr, dptr + bytes.len()) lies inside the device buffer
+        // (the caller read at most its length), whose pointer cudarc gave us for writing on
+        // `stream`; the source is pageable host memory, which the driver copies into its own
+        // staging memory before returning, and the copy is ordered on `stream`.
+        let queued = unsafe { memcpy_htod_async(dptr, bytes, stream.cu_stream()) };
+        queued.map_err(|e| fail("copying into device memory", e))?;
+        drop(write_guard);
+        if stream.cu_stream() != own.cu_stream() {
+            // The memory's own stream (where cudarc frees it) follows the copy even where
+            // cudarc tracks no events.
+            let ev = stream
+                .record_event(None)
+                .map_err(|e| fail("recording the copy's event", e))?;
+            own.wait(&ev)
+                .map_err(|e| fail("ordering the memory's stream after the copy", e))?;
+        }
+        Ok(())
+    }
+}
+
 impl Drop for DeviceCopyOut<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {

@@ -116,11 +116,6 @@ impl<T: Transfer> OpFuture<T> {
         &mut self.transfer
     }
 
-    /// The transfer.
-    pub(crate) fn transfer(&self) -> &T {
-        &self.transfer
-    }
-
     /// The engine the op runs on.
     pub(crate) fn engine(&self) -> &Arc<ReactorHandle> {
         &self.engine

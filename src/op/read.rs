@@ -117,15 +117,26 @@ impl Future for ReadInto<'_> {
             let engine = this.inner.engine();
             let open = !engine.dead.load(std::sync::atomic::Ordering::SeqCst)
                 && !engine.writes_pending.any(&file.fence_key);
-            if let (true, Either::Host(h)) = (open, this.inner.transfer_mut()) {
+            if open {
                 let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
-                if let Some(n) = super::cached::try_read(fd, refused, h.dst, h.offset) {
-                    this.inner
-                        .engine()
-                        .cached_reads
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let served = match this.inner.transfer_mut() {
+                    Either::Host(h) => {
+                        super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok)
+                    }
+                    #[cfg(feature = "cuda")]
+                    Either::Device(d) => d.read_cached(fd, refused),
+                    #[cfg(not(feature = "cuda"))]
+                    Either::Device(_) => None,
+                };
+                if let Some(result) = served {
+                    if result.is_ok() {
+                        this.inner
+                            .engine()
+                            .cached_reads
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     this.inner.finish_unsent();
-                    return Poll::Ready(Ok(n));
+                    return Poll::Ready(result);
                 }
             }
         }

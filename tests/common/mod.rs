@@ -295,3 +295,17 @@ pub fn backtrace_on_segv() {
     // acceptable for a process that is about to abort anyway.
     unsafe { libc::signal(libc::SIGSEGV, on_segv as *const () as libc::sighandler_t) };
 }
+
+/// A kernel that keeps the GPU busy for about `ns` nanoseconds, then sets `*flag = 1`.
+pub const SPIN_KERNEL: &str = r#"
+extern "C" __global__ void spin(unsigned long long ns, unsigned int* flag) {
+    unsigned long long t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (t - t0 >= ns) break;
+    }
+    *flag = 1;
+}
+"#;
