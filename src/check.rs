@@ -171,8 +171,8 @@ fn report_cuda(lines: &mut Vec<String>) {
                 c.library.as_deref().unwrap_or("?"),
                 c.devices.len()
             ));
-            for (i, d) in c.devices.iter().enumerate() {
-                lines.push(format!("  gpu:{i} {d}"));
+            for (i, place) in crate::cuda::topology::gpus().iter().enumerate() {
+                lines.push(format!("  {place}"));
                 #[cfg(feature = "cuda")]
                 lines.push(format!("    device leases: {}", lease_support(i)));
             }

@@ -539,7 +539,11 @@ async fn device_batches_served_from_the_page_cache() {
         // 4 KiB-aligned reads two pages apart (none merge), plus odd sizes and offsets.
         let descs: Vec<ReadDesc> = (0..256)
             .map(|i| {
-                let len = if i % 4 == 0 { rng.usize(1..=8192) } else { 4096 };
+                let len = if i % 4 == 0 {
+                    rng.usize(1..=8192)
+                } else {
+                    4096
+                };
                 let off = rng.usize(0..data.len() / 8192 - 2) * 8192 + rng.usize(0..64);
                 ReadDesc::new(&f, off as u64, len, i * 8192)
             })

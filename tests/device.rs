@@ -326,7 +326,6 @@ async fn free_after_leaked_read_on_a_dropped_stream() {
     }
 }
 
-
 #[test]
 fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
     let Some(ctx) = gpu("synchronize_waits_for_the_stream_without_blocking_the_thread") else {

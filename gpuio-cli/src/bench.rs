@@ -98,7 +98,7 @@ impl TaskStats {
 
 pub async fn run(a: BenchArgs) -> CliResult {
     a.check()?;
-    let cuda = a.to.cuda()?;
+    let cuda = a.to.cudas()?;
     let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
     let spdk = a.backend.contains(&BenchBackend::Spdk);
     let needs_file = a.backend.iter().any(|b| *b != BenchBackend::Spdk);
@@ -235,7 +235,7 @@ pub async fn run(a: BenchArgs) -> CliResult {
                     span
                 };
                 for _ in 0..rounds {
-                    ours.push(measure(&a, point, &path, span, cuda.as_ref()).await?);
+                    ours.push(measure(&a, point, &path, span, &cuda).await?);
                     match (backend, &perf) {
                         (BenchBackend::Spdk, Some(bin)) => {
                             peer.push(spdk_perf(&a, point, bin).await?)
@@ -304,7 +304,7 @@ async fn measure(
     point: Point,
     path: &std::path::Path,
     span: u64,
-    cuda: Option<&Arc<gpuio::cuda::cudarc::driver::CudaContext>>,
+    cudas: &[crate::bench::args::Cuda],
 ) -> Result<PointOutput, Box<dyn std::error::Error + Send + Sync>> {
     let Point { backend, bs, qd } = point;
     // The engine's own defaults (sized from the machine), as a user gets them; the bench only
@@ -412,11 +412,18 @@ async fn measure(
         };
         let batch = a.batch;
         let owned = a.owned;
-        let mut buf = match cuda {
+        // Tasks are spread over the GPUs round-robin.
+        let mut buf = match cudas.get(t % cudas.len().max(1)) {
             None if owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
-                let stream = match streams.first() {
+                let mine =
+                    streams
+                        .iter()
+                        .find(|s: &&Arc<gpuio::cuda::cudarc::driver::CudaStream>| {
+                            Arc::ptr_eq(s.context(), ctx)
+                        });
+                let stream = match mine {
                     Some(s) if a.one_stream => Arc::clone(s),
                     _ => ctx
                         .new_stream()
@@ -498,8 +505,12 @@ async fn measure(
         })
     };
     let mut all = TaskStats::new();
-    for t in tasks {
-        let st = t.await??;
+    let mut per_gpu = vec![0u64; cudas.len()];
+    for (t, task) in tasks.into_iter().enumerate() {
+        let st = task.await??;
+        if let Some(b) = per_gpu.get_mut(t % cudas.len().max(1)) {
+            *b += st.bytes;
+        }
         all.bytes += st.bytes;
         all.ops += st.ops;
         all.lat_us
@@ -523,7 +534,7 @@ async fn measure(
     let gbps = all.bytes as f64 / secs / 1e9;
     let iops = all.ops as f64 / secs;
     // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
-    let served_by = match cuda {
+    let served_by = match cudas.first() {
         _ if file.is_nvme() => "spdk".to_string(),
         Some(_) => match file.gds_status() {
             gpuio::gds::GdsStatus::Bounce(_) => format!("{}+bounce", engine.backend().name),
@@ -547,6 +558,16 @@ async fn measure(
         cpu / secs,
         cpu / (all.bytes as f64 / 1e9).max(1e-9),
     )?;
+    let per_gpu_gbps: Vec<f64> = per_gpu.iter().map(|&b| b as f64 / secs / 1e9).collect();
+    if per_gpu.len() > 1 {
+        let each: Vec<String> =
+            a.to.gpus()
+                .iter()
+                .zip(&per_gpu_gbps)
+                .map(|(n, g)| format!("gpu:{n} {g:.3} GB/s"))
+                .collect();
+        outln!("  per GPU: {} (aggregate {gbps:.3} GB/s)", each.join(", "))?;
+    }
     let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
     let json = PointJson {
         bytes: all.bytes,
@@ -568,6 +589,7 @@ async fn measure(
         qd,
         direct: a.direct,
         to: a.to.to_string(),
+        per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
         inline_copies: a.inline_copies,
         reactor_spin_us: a.reactor_spin_us,
         reactor_tick_us: a.reactor_tick_us,

@@ -38,6 +38,7 @@
 mod sys;
 
 pub use sys::CudaProbe;
+pub mod topology;
 
 #[cfg(feature = "cuda")]
 pub(crate) mod copylist;

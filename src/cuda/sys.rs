@@ -13,6 +13,9 @@ pub struct CudaProbe {
     pub driver_version: Option<String>,
     /// Device names, in ordinal order.
     pub devices: Vec<String>,
+    /// Each device's PCI address (`domain:bus:device.function`, lower case as sysfs spells
+    /// it), in ordinal order; `None` where the driver did not say.
+    pub pci: Vec<Option<String>>,
     /// Why CUDA is unusable, where it is.
     pub error: Option<String>,
 }
@@ -31,6 +34,7 @@ pub(super) fn probe() -> CudaProbe {
         library: None,
         driver_version: None,
         devices: Vec::new(),
+        pci: Vec::new(),
         error: None,
     };
     let mut errors = Vec::new();
@@ -61,7 +65,8 @@ pub(super) fn probe() -> CudaProbe {
 fn query(lib: &Library, out: &mut CudaProbe) -> Result<(), String> {
     // SAFETY: the symbol types match the CUDA driver API's C signatures:
     // cuInit(unsigned), cuDriverGetVersion(int*), cuDeviceGetCount(int*),
-    // cuDeviceGet(CUdevice*, int), cuDeviceGetName(char*, int, CUdevice).
+    // cuDeviceGet(CUdevice*, int), cuDeviceGetName(char*, int, CUdevice),
+    // cuDeviceGetPCIBusId(char*, int, CUdevice).
     unsafe {
         let init: Symbol<unsafe extern "C" fn(u32) -> CuResult> =
             lib.get(b"cuInit\0").map_err(|e| e.to_string())?;
@@ -74,6 +79,8 @@ fn query(lib: &Library, out: &mut CudaProbe) -> Result<(), String> {
             lib.get(b"cuDeviceGet\0").map_err(|e| e.to_string())?;
         let name: Symbol<unsafe extern "C" fn(*mut u8, i32, i32) -> CuResult> =
             lib.get(b"cuDeviceGetName\0").map_err(|e| e.to_string())?;
+        let bus_id: Option<Symbol<unsafe extern "C" fn(*mut u8, i32, i32) -> CuResult>> =
+            lib.get(b"cuDeviceGetPCIBusId\0").ok();
         let mut v = 0i32;
         if version(&mut v) == 0 {
             out.driver_version = Some(format!("{}.{}", v / 1000, (v % 1000) / 10));
@@ -90,13 +97,24 @@ fn query(lib: &Library, out: &mut CudaProbe) -> Result<(), String> {
         for i in 0..n {
             let mut dev = 0i32;
             let mut buf = [0u8; 256];
-            if get(&mut dev, i) == 0 && name(buf.as_mut_ptr(), buf.len() as i32, dev) == 0 {
+            let c_str = |buf: &[u8]| {
                 let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-                out.devices
-                    .push(String::from_utf8_lossy(&buf[..end]).into_owned());
+                String::from_utf8_lossy(&buf[..end]).into_owned()
+            };
+            let got = get(&mut dev, i) == 0;
+            if got && name(buf.as_mut_ptr(), buf.len() as i32, dev) == 0 {
+                out.devices.push(c_str(&buf));
             } else {
                 out.devices.push(format!("device {i} (name unavailable)"));
             }
+            let mut id = [0u8; 64];
+            out.pci.push(
+                bus_id
+                    .as_ref()
+                    .filter(|_| got)
+                    .filter(|f| f(id.as_mut_ptr(), id.len() as i32, dev) == 0)
+                    .map(|_| c_str(&id).to_ascii_lowercase()),
+            );
         }
         if n == 0 {
             return Err("the CUDA driver reports no devices".into());

@@ -18,27 +18,57 @@ const MAX_BATCH: usize = 65536;
 /// Most KvikIO threads tried under --compare.
 const MAX_KVIKIO_THREADS: usize = 4096;
 
-/// Where data goes: `host`, `gpu` (device 0) or `gpu:N`.
+/// Where data goes: `host`, `gpu` (device 0), `gpu:N`, or (`gpuio bench` only) several GPUs,
+/// `gpu:0,1` or `gpu:all`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Target {
     /// Host memory.
     Host,
     /// Memory of GPU N.
     Gpu(usize),
+    /// Memory of every GPU whose bit is set (at least two): tasks are spread over them.
+    Gpus(u64),
 }
+
+/// Most GPUs one `--to gpu:...` list names (bits of [`Target::Gpus`]).
+const MAX_GPUS: usize = 64;
 
 impl std::str::FromStr for Target {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "host" => Ok(Target::Host),
-            "gpu" => Ok(Target::Gpu(0)),
-            _ => s
-                .strip_prefix("gpu:")
-                .and_then(|n| n.parse().ok())
-                .map(Target::Gpu)
-                .ok_or_else(|| format!("{s:?}: expected host, gpu or gpu:N")),
+        let bad = || format!("{s:?}: expected host, gpu, gpu:N, gpu:N,M,... or gpu:all");
+        let list = match s {
+            "host" => return Ok(Target::Host),
+            "gpu" => return Ok(Target::Gpu(0)),
+            _ => s.strip_prefix("gpu:").ok_or_else(bad)?,
+        };
+        let ordinals: Vec<usize> = if list == "all" {
+            let n = gpuio::cuda::probe().devices.len();
+            if n == 0 {
+                return Err(format!("{s:?}: this machine has no usable GPU"));
+            }
+            (0..n.min(MAX_GPUS)).collect()
+        } else {
+            list.split(',')
+                .map(|n| n.trim().parse::<usize>().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?
+        };
+        let mut mask = 0u64;
+        for &n in &ordinals {
+            if n >= MAX_GPUS {
+                return Err(format!(
+                    "{s:?}: GPU {n} is past the {MAX_GPUS} a list may name"
+                ));
+            }
+            if mask & (1 << n) != 0 {
+                return Err(format!("{s:?}: GPU {n} is named twice"));
+            }
+            mask |= 1 << n;
         }
+        Ok(match ordinals.as_slice() {
+            [one] => Target::Gpu(*one),
+            _ => Target::Gpus(mask),
+        })
     }
 }
 
@@ -47,19 +77,43 @@ impl std::fmt::Display for Target {
         match self {
             Target::Host => f.write_str("host"),
             Target::Gpu(n) => write!(f, "gpu:{n}"),
+            Target::Gpus(_) => {
+                let list: Vec<String> = self.gpus().iter().map(|n| n.to_string()).collect();
+                write!(f, "gpu:{}", list.join(","))
+            }
         }
     }
 }
 
+/// A CUDA context, as the commands hold them.
+pub type Cuda = Arc<gpuio::cuda::cudarc::driver::CudaContext>;
+
 impl Target {
-    /// The CUDA context for a GPU target (errors clearly where there is none).
-    pub fn cuda(
-        self,
-    ) -> Result<Option<Arc<gpuio::cuda::cudarc::driver::CudaContext>>, gpuio::Error> {
+    /// The GPU ordinals this target names (none for host memory).
+    pub fn gpus(self) -> Vec<usize> {
+        match self {
+            Target::Host => Vec::new(),
+            Target::Gpu(n) => vec![n],
+            Target::Gpus(mask) => (0..MAX_GPUS).filter(|n| mask & (1 << n) != 0).collect(),
+        }
+    }
+
+    /// The CUDA context for a one-GPU target (errors clearly where there is none, or where
+    /// several GPUs are named: only `gpuio bench` spreads work over GPUs).
+    pub fn cuda(self) -> Result<Option<Cuda>, Box<dyn std::error::Error + Send + Sync>> {
         match self {
             Target::Host => Ok(None),
-            Target::Gpu(n) => gpuio::cuda::context(n).map(Some),
+            Target::Gpu(n) => Ok(Some(gpuio::cuda::context(n)?)),
+            Target::Gpus(_) => Err(format!(
+                "--to {self}: several GPUs are for `gpuio bench`; name one GPU here"
+            )
+            .into()),
         }
+    }
+
+    /// A context for each GPU this target names, in ordinal order.
+    pub fn cudas(self) -> Result<Vec<Cuda>, gpuio::Error> {
+        self.gpus().into_iter().map(gpuio::cuda::context).collect()
     }
 }
 
@@ -161,7 +215,7 @@ pub struct BenchArgs {
     /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
     #[arg(long)]
     pub(crate) owned: bool,
-    /// Every small host read through the reactor: no page-cache fast path on the polling
+    /// Every small read (host or device) through the reactor: no page-cache fast path on the polling
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
     pub(crate) no_fast_path: bool,
@@ -259,6 +313,12 @@ impl BenchArgs {
                 self.to
             ));
         }
+        if matches!(self.to, Target::Gpus(_)) && self.compare {
+            return Err(format!(
+                "--compare measures one GPU's path against its peers; name one GPU, not --to {}",
+                self.to
+            ));
+        }
         if self.pattern == Pattern::Batch && self.rw == Rw::Write {
             return Err("--pattern batch reads (--rw read)".into());
         }
@@ -292,9 +352,31 @@ impl BenchArgs {
                 per_task.and_then(|b| b.checked_mul(max_qd)),
                 &format!("{what} needs buffers"),
             ),
-            Target::Gpu(_) => per_task
+            Target::Gpu(_) | Target::Gpus(_) => per_task
                 .map(drop)
                 .ok_or_else(|| format!("{what}: one task's buffer is too large")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Target;
+
+    #[test]
+    fn gpu_lists_parse_and_print_back() {
+        let t: Target = "gpu:1,0,3".parse().unwrap();
+        assert_eq!(t, Target::Gpus(0b1011));
+        assert_eq!(t.gpus(), vec![0, 1, 3]);
+        assert_eq!(t.to_string(), "gpu:0,1,3");
+        assert_eq!("gpu:2".parse::<Target>().unwrap(), Target::Gpu(2));
+        assert_eq!("gpu".parse::<Target>().unwrap(), Target::Gpu(0));
+        for bad in ["gpu:0,0", "gpu:64", "gpu:", "gpu:a", "gpu:1,", "cpu"] {
+            assert!(bad.parse::<Target>().is_err(), "{bad}");
+        }
+        assert!(
+            Target::Gpus(0b11).cuda().is_err(),
+            "one-GPU commands refuse a list"
+        );
     }
 }

@@ -36,6 +36,9 @@ pub(super) struct PointJson {
     pub qd: usize,
     pub direct: bool,
     pub to: String,
+    /// With several GPUs (`--to gpu:0,1`): each one's rate, in the order `to` lists them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_gpu_gbps: Option<Vec<f64>>,
     pub inline_copies: bool,
     pub reactor_spin_us: Option<u64>,
     pub reactor_tick_us: Option<u64>,
@@ -244,6 +247,7 @@ mod tests {
             qd: 1,
             direct: true,
             to: "gpu:0".into(),
+            per_gpu_gbps: None,
             inline_copies: false,
             reactor_spin_us: None,
             reactor_tick_us: Some(100),
