@@ -370,13 +370,18 @@ impl File {
                 })
             }
         };
+        let to_device = device.is_some();
         let inner = self.start(OpKind::Read, offset, len, device, transfer);
         // A small read of a buffered file may be served from the page cache at first poll
         // (`op::cached`): only a valid request the reactor would otherwise take.
         let t = &self.inner;
+        // Not into device memory while the engine lends device leases: a leased stream waits
+        // on the reactor, and a copy queued on it from the polling thread could wait with it.
+        let shared = self.engine.shared();
         let cached = (inner.is_unsent()
+            && (!to_device || shared.lease_min.is_none())
             && len <= crate::op::cached::CACHED_READ_MAX
-            && self.engine.shared().cached_fast_path
+            && shared.cached_fast_path
             && t.nvme.is_none()
             && t.dio.is_none()
             && t.fd.is_some())

@@ -580,36 +580,45 @@ async fn small_cached_reads_into_device_memory_skip_the_reactor() {
         );
     }
 
-    // Reads on another stream, then that stream and the memory dropped at once: the free on
-    // the memory's own stream follows the copies.
-    for round in 0..3 {
-        let mut doomed = stream.alloc_zeros::<u8>(READS * 4096).unwrap();
+    // Reads ordered on another stream (`on_stream`), held up there by a kernel, into memory
+    // known only by its address (no cudarc events: what Python and C hand over), whose own
+    // stream then overwrites it: the own stream must wait for the copies, or the pattern
+    // written there would be overwritten by them afterwards.
+    for round in 0..3u8 {
+        let home = ctx.new_stream().unwrap();
         let other = ctx.new_stream().unwrap();
-        let mut b = stream.launch_builder(&spin);
+        let backing = home.alloc_zeros::<u8>(READS * 4096).unwrap();
+        let (ptr, _sync) = gpuio::cuda::cudarc::driver::DevicePtr::device_ptr(&backing, &home);
+        let mut b = other.launch_builder(&spin);
         b.arg(&ns).arg(&mut flag);
         // SAFETY: as above.
         unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+        let mut staged = 0;
         for i in 0..READS {
-            let mut view = doomed.slice_mut(i * 4096..(i + 1) * 4096);
-            let mut fut = Box::pin(f.read_into(&mut view, (i * 4096) as u64).on_stream(&other));
-            if !poll_once(&mut fut) {
-                // Through the reactor after all: finish it the usual way.
-                fut.await.unwrap();
-            } else if i % 2 == 1 {
-                std::mem::forget(fut);
-            }
+            let before = engine.cached_reads();
+            // SAFETY: inside `backing`, which outlives the read; nothing else touches it.
+            let mut view = unsafe { gpuio::RawDeviceSlice::new(0, ptr + (i * 4096) as u64, 4096) }
+                .unwrap()
+                .with_stream(home.clone())
+                .unwrap();
+            let fut = f.read_into(&mut view, (i * 4096) as u64).on_stream(&other);
+            assert_eq!(fut.await.unwrap(), 4096);
+            staged += (engine.cached_reads() - before) as usize;
         }
-        drop(other);
-        drop(doomed);
-        let fresh: Vec<CudaSlice<u8>> = (0..4)
-            .map(|_| stream.clone_htod(&vec![0x66u8; READS * 1024]).unwrap())
-            .collect();
+        let pattern = vec![0x66u8 ^ round; READS * 4096];
+        // SAFETY: `ptr` is `backing`'s, READS * 4096 bytes; `pattern` outlives the copy (the
+        // stream is synchronised below before it drops).
+        unsafe {
+            gpuio::cuda::cudarc::driver::result::memcpy_htod_async(ptr, &pattern, home.cu_stream())
+        }
+        .unwrap();
         ctx.synchronize().unwrap();
-        for d in &fresh {
-            assert!(
-                d2h(&stream, d).iter().all(|&b| b == 0x66),
-                "round {round}: freed memory written by a fast-path copy"
-            );
-        }
+        let got = home.clone_dtoh(&backing).unwrap();
+        assert!(
+            got == pattern,
+            "round {round}: {} bytes written by copies the memory's own stream did not wait \
+             for ({staged} reads staged)",
+            differing(&got, &pattern)
+        );
     }
 }

@@ -89,43 +89,56 @@ pub(crate) unsafe fn queue(raw: CUstream, copies: &[CopySpec]) -> Result<(), Str
     Ok(())
 }
 
+/// Set once a batched copy whose sources are read during the call has been refused: small
+/// reads then stop staging in pageable memory, process-wide (`staged_ok`).
+static STAGED_BROKEN: AtomicBool = AtomicBool::new(false);
+
+/// Whether copies from pageable memory can be queued on `raw` with every source read before
+/// the call returns: only `cuMemcpyBatchAsync` with `CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL`
+/// promises that (a plain asynchronous copy from pageable memory "might" be synchronous, no
+/// more), and it takes no NULL, legacy or per-thread stream.
+pub(crate) fn staged_ok(raw: CUstream) -> bool {
+    batchable(raw)
+        && !STAGED_BROKEN.load(Ordering::Relaxed)
+        && memops().is_ok_and(|o| o.has_batch())
+}
+
 /// Queues `copies`, every source in pageable host memory, on `raw`, and returns once the
 /// driver has read every source: in `cuMemcpyBatchAsync` calls whose sources are read during
-/// the call, or one `cuMemcpyAsync` each (which stages a pageable source before returning).
-/// The sources may be reused as soon as this returns, whether it succeeds or fails.
+/// the call. Should the driver refuse one, the rest are queued one by one and the stream is
+/// synchronised before returning, so the sources are free however this ends.
 ///
 /// # Safety
-/// `raw` must be a live stream of the context current on this thread; every source must be
-/// readable pageable host memory (never pinned or registered: the driver would read it later)
-/// and every destination device memory that stays valid until the stream has passed the
-/// copies; no two destinations may overlap.
+/// `raw` must be a live stream of the context current on this thread, one [`staged_ok`]
+/// accepted; every source must be readable host memory and every destination device memory
+/// that stays valid until the stream has passed the copies; no two destinations may overlap.
 pub(crate) unsafe fn queue_staged(raw: CUstream, copies: &[CopySpec]) -> Result<(), String> {
-    let ops = memops().ok().filter(|o| o.has_batch());
+    let ops = memops()?;
     let mut rest: &[CopySpec] = copies;
-    if let Some(ops) =
-        ops.filter(|_| copies.len() > 1 && batchable(raw) && !BATCH_BROKEN.load(Ordering::Relaxed))
-    {
-        for chunk in copies.chunks(MAX_BATCH) {
-            let mut dsts: Vec<u64> = chunk.iter().map(|c| c.dst).collect();
-            let mut srcs: Vec<u64> = chunk.iter().map(|c| c.src).collect();
-            let mut sizes: Vec<usize> = chunk.iter().map(|c| c.n).collect();
-            // SAFETY: the caller's preconditions, with sources read before the call returns.
-            let queued = unsafe {
-                ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw, SrcOrder::DuringCall)
-            };
-            if let Err(why) = queued {
-                // Some may be queued: the rest go one by one from this chunk on, writing the
-                // same bytes to the same places in stream order.
-                tracing::warn!(%why, "batched device copies failed; copying one by one from now on");
-                BATCH_BROKEN.store(true, Ordering::Relaxed);
-                break;
+    while !rest.is_empty() {
+        let chunk = &rest[..rest.len().min(MAX_BATCH)];
+        let mut dsts: Vec<u64> = chunk.iter().map(|c| c.dst).collect();
+        let mut srcs: Vec<u64> = chunk.iter().map(|c| c.src).collect();
+        let mut sizes: Vec<usize> = chunk.iter().map(|c| c.n).collect();
+        // SAFETY: the caller's preconditions, with sources read before the call returns.
+        let queued =
+            unsafe { ops.copy_batch(&mut dsts, &mut srcs, &mut sizes, raw, SrcOrder::DuringCall) };
+        if let Err(why) = queued {
+            // Some may be queued: the rest go one by one from this chunk on (the same bytes to
+            // the same places, in stream order), and the stream is drained so that no copy
+            // reads a source after this returns.
+            tracing::warn!(%why, "batched copies from pageable memory refused; small reads stop staging");
+            STAGED_BROKEN.store(true, Ordering::Relaxed);
+            let mut result = Ok(());
+            for c in rest {
+                // SAFETY: the caller's preconditions, for one copy.
+                result = result.and(unsafe { copy_one(c.dst, c.src, c.n, raw) });
             }
-            rest = &rest[chunk.len()..];
+            // SAFETY: `raw` is a live stream of the current context.
+            let drained = unsafe { super::memops::synchronize(raw) };
+            return result.and(drained);
         }
-    }
-    for c in rest {
-        // SAFETY: the caller's preconditions, for one copy from pageable memory.
-        unsafe { copy_one(c.dst, c.src, c.n, raw) }?;
+        rest = &rest[chunk.len()..];
     }
     Ok(())
 }

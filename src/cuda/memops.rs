@@ -206,6 +206,18 @@ pub(crate) unsafe fn copy_one(
     )
 }
 
+/// Waits until `stream` has finished all work queued on it.
+///
+/// # Safety
+/// `stream` must be a live stream of the context current on this thread.
+pub(crate) unsafe fn synchronize(stream: CUstream) -> Result<(), String> {
+    // SAFETY: the caller's precondition is the driver's.
+    check(
+        unsafe { sys::cuStreamSynchronize(stream) },
+        "cuStreamSynchronize",
+    )
+}
+
 /// Whether `stream` is being captured into a graph (work queued now would not run now).
 ///
 /// # Safety

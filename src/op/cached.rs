@@ -9,12 +9,16 @@
 //! the buffer the future borrows, so dropping or leaking the future afterwards changes nothing.
 //!
 //! Small reads into device memory take the same path through a per-thread pageable staging
-//! buffer ([`with_stage`]): `RWF_NOWAIT` into it, then one `cuMemcpyHtoDAsync` from it on the
-//! destination's stream, also inside `poll`. CUDA copies a pageable source into its own
-//! staging memory before that call returns (the driver API's documented synchronisation rule
-//! for asynchronous host-to-device copies from pageable memory), so the buffer is free for the
-//! next read at once: no bounce slot, no event, no reactor, no wake. What is left is queued on
-//! the stream in front of cudarc's write event, as every copy a read's future issues is.
+//! buffer ([`with_stage`]): `RWF_NOWAIT` into it, then one copy from it on the destination's
+//! stream, also inside `poll`. The copy is a `cuMemcpyBatchAsync` whose source is read during
+//! the call (`CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL`, the one documented promise that a
+//! pageable source is free when the call returns; a plain asynchronous copy "might" be
+//! synchronous, no more), so the buffer is free for the next read at once: no bounce slot, no
+//! event, no reactor, no wake. What is left is queued on the stream in front of cudarc's write
+//! event, as every copy a read's future issues is. Where that call is missing (drivers before
+//! CUDA 12.8), the stream is the NULL, legacy or per-thread one, the stream is being captured
+//! into a graph, or the engine lends device leases (whose streams wait on the reactor), small
+//! device reads go through the reactor.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -103,6 +107,11 @@ impl PageableStage {
         std::ptr::NonNull::new(p.cast()).map(|ptr| PageableStage { ptr, len })
     }
 
+    /// The stage's address, for copies out of it.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
     /// The whole stage, writable.
     pub(crate) fn bytes(&mut self) -> &mut [u8] {
         // SAFETY: the mapping is `len` bytes, readable and writable, lives as long as `self`,
@@ -115,7 +124,7 @@ impl PageableStage {
 impl Drop for PageableStage {
     fn drop(&mut self) {
         // SAFETY: `ptr` is the start of our own `len`-byte mapping, referenced by no one once
-        // `self` goes (the driver read it before each copy call returned).
+        // `self` goes (the driver read it before each copy call returned: `queue_staged`).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaStream;
 
 use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch_stage, try_read};
-use super::device::read_copies;
+use super::device::{read_copies, stageable};
 use super::gate::Gated;
 use super::msg::{Msg, ReactorHandle};
 use super::{OpShared, ReadyPiece};
@@ -61,6 +61,9 @@ struct StagedReads {
     stage: Option<PageableStage>,
     used: usize,
     copies: Vec<CopySpec>,
+    /// Whether the destination's stream takes staged copies (`device::stageable`), asked
+    /// once per poll.
+    usable: Option<bool>,
 }
 
 /// Collects landed pieces during one poll of a batch; [`flush`](Self::flush) copies them.
@@ -98,6 +101,7 @@ impl CopyCombiner {
         &self,
         fd: std::os::fd::RawFd,
         refused: &std::sync::atomic::AtomicBool,
+        stream: &CudaStream,
         dptr: u64,
         offset: u64,
         len: usize,
@@ -107,19 +111,21 @@ impl CopyCombiner {
             stage,
             used,
             copies,
+            usable,
         } = &mut *st;
-        if *used + len > BATCH_STAGE_LEN {
+        if !*usable.get_or_insert_with(|| stageable(stream)) || *used + len > BATCH_STAGE_LEN {
             return None;
         }
         if stage.is_none() {
             *stage = take_batch_stage();
         }
-        let buf = &mut stage.as_mut()?.bytes()[*used..*used + len];
-        let n = try_read(fd, refused, buf, offset)?;
+        let stage = stage.as_mut()?;
+        let src = stage.addr() + *used as u64;
+        let n = try_read(fd, refused, &mut stage.bytes()[*used..*used + len], offset)?;
         if n > 0 {
             copies.push(CopySpec {
                 dst: dptr,
-                src: buf.as_ptr() as u64,
+                src,
                 n,
                 direct: false,
             });
@@ -131,27 +137,25 @@ impl CopyCombiner {
     /// Queues the staged reads' copies on `stream`; the stage is free again when this returns.
     fn flush_staged(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
         let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        if st.copies.is_empty() {
-            if let Some(stage) = st.stage.take() {
-                keep_batch_stage(stage);
-            }
-            return Ok(());
-        }
-        let queued = stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| format!("binding the context: {e}"))
-            .and_then(|()| {
-                // SAFETY: every source lies in the stage, pageable memory of our own mapping,
-                // which the driver has read when this returns (and which nothing touches
-                // before then: the lock is held); every destination lies inside its read's
-                // range of the batch's destination, which the batch holds exclusively and
-                // whose runs are disjoint; `stream` is the destination's live stream, its
-                // context bound above.
-                unsafe { copylist::queue_staged(stream.cu_stream(), &st.copies) }
-            });
-        FLUSHES.fetch_add(1, Ordering::Relaxed);
-        COPIES.fetch_add(st.copies.len() as u64, Ordering::Relaxed);
+        st.usable = None;
+        let queued = if st.copies.is_empty() {
+            Ok(())
+        } else {
+            stream
+                .context()
+                .bind_to_thread()
+                .map_err(|e| format!("binding the context: {e}"))
+                .and_then(|()| {
+                    // SAFETY: `stream` is the destination's live stream, its context bound
+                    // above, accepted by `staged_ok` when this poll's first read was staged;
+                    // every source lies in the stage, pageable memory of our own mapping that
+                    // `queue_staged` has read when it returns (nothing writes it meanwhile:
+                    // the lock is held); every destination lies inside its read's range of
+                    // the batch's destination, which the batch holds exclusively and whose
+                    // runs are disjoint.
+                    unsafe { copylist::queue_staged(stream.cu_stream(), &st.copies) }
+                })
+        };
         st.copies.clear();
         st.used = 0;
         if let Some(stage) = st.stage.take() {

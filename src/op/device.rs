@@ -12,8 +12,9 @@ use super::msg::{Msg, ReactorHandle};
 use super::request::{LeasedDst, OpRequest};
 use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
-use crate::cuda::copylist::CopySpec;
+use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
+use crate::cuda::memops::is_capturing;
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
 
@@ -126,6 +127,17 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) combine: Option<Combine>,
 }
 
+/// Whether small reads may stage their bytes in pageable memory and copy them on `stream`
+/// (`op::cached`): the driver reads such a source during the copy call, and the stream is not
+/// being captured into a graph (a captured copy would read the stage when the graph runs).
+pub(super) fn stageable(stream: &CudaStream) -> bool {
+    if stream.context().bind_to_thread().is_err() || !copylist::staged_ok(stream.cu_stream()) {
+        return false;
+    }
+    // SAFETY: `stream` is a live stream (we hold it) of the context bound just above.
+    matches!(unsafe { is_capturing(stream.cu_stream()) }, Ok(false))
+}
+
 impl DeviceCopyOut<'_> {
     /// Serves the read from the page cache if it holds every byte (`op::cached`): through
     /// this thread's pageable stage and one copy, or, for a batch's read, through the batch's
@@ -136,60 +148,72 @@ impl DeviceCopyOut<'_> {
         refused: &std::sync::atomic::AtomicBool,
     ) -> Option<Result<usize, Error>> {
         let len = self.dst.byte_len();
+        let own = self.dst.own_stream().clone();
         if let Some(c) = &self.combine {
-            let own = self.dst.own_stream().clone();
             // A batch's range: the pointer only (the batch records cudarc's event itself).
             let (dptr, _range) = self.dst.write_ptr(&own);
             return c
                 .combiner
-                .read_cached(fd, refused, dptr, self.offset, len)
+                .read_cached(fd, refused, &own, dptr, self.offset, len)
                 .map(Ok);
+        }
+        let stream = self.stream.clone().unwrap_or_else(|| own.clone());
+        if !stageable(&stream) {
+            return None;
         }
         super::cached::with_stage(|stage| {
             let n = super::cached::try_read(fd, refused, &mut stage.bytes()[..len], self.offset)?;
-            Some(self.copy_pageable(&stage.bytes()[..n]).map(|()| n))
+            Some(self.copy_staged(stage.addr(), n, &stream, &own).map(|()| n))
         })
     }
 
-    /// Copies `bytes`, in pageable host memory, to the start of the destination on the chosen
-    /// stream (`op::cached`'s small reads). CUDA has copied a pageable source into its own
-    /// staging memory when the call returns, so `bytes` may be reused at once; the copy into
-    /// the destination is queued in front of cudarc's write event, as `transfer`'s are.
-    fn copy_pageable(&mut self, bytes: &[u8]) -> Result<(), Error> {
-        let fail = |what: &str, e: DriverError| {
+    /// Copies `n` bytes at `src`, in this thread's pageable stage, to the start of the
+    /// destination on `stream` (which [`stageable`] accepted), in front of cudarc's write
+    /// event; the stage is free again when this returns. When `stream` is not the memory's own,
+    /// the own stream is ordered after the copy (cudarc frees memory there).
+    fn copy_staged(
+        &mut self,
+        src: u64,
+        n: usize,
+        stream: &Arc<CudaStream>,
+        own: &Arc<CudaStream>,
+    ) -> Result<(), Error> {
+        let offset = self.offset;
+        let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::cuda_msg(
                 Context::op(OpKind::Read)
-                    .with_offset(self.offset)
+                    .with_offset(offset)
                     .with_backend("cuda"),
                 format!("{what}: {e}"),
             )
         };
-        if bytes.is_empty() {
+        if n == 0 {
             return Ok(());
         }
-        let own = self.dst.own_stream().clone();
-        let stream = self.stream.as_ref().unwrap_or(&own);
-        stream
-            .context()
-            .bind_to_thread()
-            .map_err(|e| fail("binding the context", e))?;
-        debug_assert!(bytes.len() <= self.dst.byte_len());
+        debug_assert!(n <= self.dst.byte_len());
         let (dptr, write_guard) = self.dst.write_ptr(stream);
-        // SAFETY: the destination [dptr, dptr + bytes.len()) lies inside the device buffer
-        // (the caller read at most its length), whose pointer cudarc gave us for writing on
-        // `stream`; the source is pageable host memory, which the driver copies into its own
-        // staging memory before returning, and the copy is ordered on `stream`.
-        let queued = unsafe { memcpy_htod_async(dptr, bytes, stream.cu_stream()) };
-        queued.map_err(|e| fail("copying into device memory", e))?;
+        let copy = CopySpec {
+            dst: dptr,
+            src,
+            n,
+            direct: false,
+        };
+        // SAFETY: `stream` is live, its context bound and accepted by `staged_ok`
+        // (`stageable`); the source is the caller's stage, pageable memory of our own mapping
+        // that `queue_staged` has read when it returns; the destination [dptr, dptr + n) lies
+        // inside the device buffer (n is at most its length), whose pointer cudarc gave us
+        // for writing on `stream`.
+        let queued = unsafe { copylist::queue_staged(stream.cu_stream(), &[copy]) };
         drop(write_guard);
+        queued.map_err(|e| fail("copying into device memory", &e))?;
         if stream.cu_stream() != own.cu_stream() {
-            // The memory's own stream (where cudarc frees it) follows the copy even where
-            // cudarc tracks no events.
-            let ev = stream
-                .record_event(None)
-                .map_err(|e| fail("recording the copy's event", e))?;
-            own.wait(&ev)
-                .map_err(|e| fail("ordering the memory's stream after the copy", e))?;
+            let ordered = stream.record_event(None).and_then(|ev| own.wait(&ev));
+            if let Err(e) = ordered {
+                // The memory's own stream could free it ahead of the copy: let the copy finish
+                // before the caller regains the memory.
+                let _ = stream.synchronize();
+                return Err(fail("ordering the memory's stream after the copy", &e));
+            }
         }
         Ok(())
     }
