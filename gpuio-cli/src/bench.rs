@@ -542,9 +542,20 @@ async fn measure(
         },
         None => engine.backend().name.to_string(),
     };
+    // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
+    // share of all: the path that served them is not the backend's.
+    let cached_share = (engine.cached_reads() as f64 / all.ops.max(1) as f64).min(1.0);
+    let fast = if cached_share > 0.0 {
+        format!(
+            " ({:.0}% of requests from the page cache in poll)",
+            cached_share * 100.0
+        )
+    } else {
+        String::new()
+    };
     outln!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
-         lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB), backend {served_by}",
+         lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB), backend {served_by}{fast}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
         a.rw,
@@ -590,6 +601,7 @@ async fn measure(
         direct: a.direct,
         to: a.to.to_string(),
         per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
+        cached_share,
         inline_copies: a.inline_copies,
         reactor_spin_us: a.reactor_spin_us,
         reactor_tick_us: a.reactor_tick_us,

@@ -39,6 +39,8 @@ pub(super) struct PointJson {
     /// With several GPUs (`--to gpu:0,1`): each one's rate, in the order `to` lists them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_gpu_gbps: Option<Vec<f64>>,
+    /// Share of requests the polling thread served from the page cache (0 to 1).
+    pub cached_share: f64,
     pub inline_copies: bool,
     pub reactor_spin_us: Option<u64>,
     pub reactor_tick_us: Option<u64>,
@@ -248,6 +250,7 @@ mod tests {
             direct: true,
             to: "gpu:0".into(),
             per_gpu_gbps: None,
+            cached_share: 0.0,
             inline_copies: false,
             reactor_spin_us: None,
             reactor_tick_us: Some(100),
