@@ -25,6 +25,16 @@
 //! event, before the batch records cudarc's write event. The three points hold as for one
 //! read: nothing is queued between polls, so a dropped or leaked batch queues nothing more.
 //!
+//! Small reads of cached bytes (`op::cached`, at most 64 KiB) skip the slots: `poll` reads
+//! them with `preadv2(RWF_NOWAIT)` into a pageable stage of the polling thread's and queues the
+//! copy out of it in the same `poll`, as a `cuMemcpyBatchAsync` whose source the driver reads
+//! during the call (`CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL`; no weaker promise is
+//! documented for pageable sources), then records cudarc's write event. The first two points
+//! hold as above; the third needs no event, because the stage is free when the call returns.
+//! A batch stages all of one poll's small reads and copies them in one such call before it
+//! records the write event. Where the driver refuses that call, the copies go one by one and
+//! the stream is synchronised before the stage is reused.
+//!
 //! With leases turned on (`EngineBuilder::device_leases`, off by default), large reads take a
 //! **device lease** instead (`lease`): the destination's stream waits on a word the reactor writes,
 //! on its own copy stream, after it has copied every piece itself; the same three points hold
