@@ -284,7 +284,9 @@ bundle() {
     # System libraries a bare machine may lack.
     for so in libaio.so.1 libnuma.so.1; do
         local f
-        f=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ {print $NF; exit}')
+        # awk reads to the end: exiting early would kill ldconfig with SIGPIPE, which
+        # pipefail and set -e turn into a failed bundle now and then.
+        f=$(ldconfig -p | awk -v n="$so" '$1 == n && /x86-64/ && !found {print $NF; found = 1}')
         [[ -n "$f" ]] && cp -L "$f" "$dir/lib/"
     done
     echo "$(du -sh "$dir" | cut -f1) in $dir"
