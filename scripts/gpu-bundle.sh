@@ -329,6 +329,19 @@ for r in $(seq 1 "${BENCH_ROUNDS:-3}"); do
   bench "O_DIRECT 4M qd16 to gpu auto #$r" --file "$F" --size 4G --bs 4M --qd 16 --direct --to gpu --seconds 5
   bench "warm 16M qd8 to host #$r" --file "$F" --size 4G --bs 16M --qd 8 --seconds 5
 done
+# ---- several GPUs, where the machine has them: one GPU against all of them (tasks spread
+# over the GPUs, each GPU's rate in bench.jsonl's per_gpu_gbps), page cache warm, alternating.
+# MULTI_GPU=0 skips.
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "${NGPU:-0}" -ge 2 ] && [ "${MULTI_GPU:-1}" = 1 ]; then
+  cat "$F" > /dev/null
+  for r in $(seq 1 "${BENCH_ROUNDS:-3}"); do
+    bench "warm 16M qd8 to gpu:0 #$r" --file "$F" --size 4G --bs 16M --qd 8 --to gpu:0 --seconds 4
+    bench "warm 16M qd$((8 * NGPU)) to gpu:all #$r" --file "$F" --size 4G --bs 16M --qd $((8 * NGPU)) --to gpu:all --seconds 4
+    bench "warm 4K rand qd64 to gpu:0 #$r" --file "$F" --size 4G --bs 4K --qd 64 --pattern rand --to gpu:0 --seconds 4
+    bench "warm 4K rand qd$((64 * NGPU)) to gpu:all #$r" --file "$F" --size 4G --bs 4K --qd $((64 * NGPU)) --pattern rand --to gpu:all --seconds 4
+  done
+fi
 # ---- examples, the device criterion bench, and sweeps drawn as plots
 # EXAMPLES=0 skips this part.
 if [ "${EXAMPLES:-1}" = 1 ]; then
