@@ -1,5 +1,7 @@
 //! Loading `.safetensors` checkpoints: every tensor (or a chosen subset) into one allocation,
-//! host or device, with one batch read, and typed views of the tensors afterwards.
+//! host or device, with one batch read, and typed views of the tensors afterwards; or across
+//! the ranks of a tensor-parallel group, each rank's shards into its own buffer ([`Shard`],
+//! [`SafetensorsFile::plan_shards`]).
 //!
 //! Two coordinate systems, two types: a [`FileTensor`] (from [`SafetensorsFile::tensors`]) says
 //! where a tensor's bytes are in the file; a [`Tensor`] (from a [`Checkpoint`]) says where they
@@ -39,6 +41,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use safetensors::Dtype;
+pub use shard::Shard;
+
+mod shard;
 
 use crate::batch::{BatchPlan, ReadDesc};
 use crate::buf::ReadDst;
