@@ -74,6 +74,34 @@ impl SafetensorsFile {
         let (plan, placed) = self
             .inner
             .plan(|name| wanted.as_ref().is_none_or(|w| w.contains(name)));
+        self.load_plan(plan, placed)
+    }
+
+    /// One load per rank of a tensor-parallel group of ``ranks``: ``rules`` maps tensor names
+    /// to ``"replicate"``, ``("split", dim)`` or ``("only", rank)``; tensors it does not name
+    /// are not loaded. A rule that does not fit its tensor raises ``ValueError``.
+    fn plan_shards(
+        &self,
+        ranks: usize,
+        rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<LoadPlan>> {
+        let mut parsed = std::collections::HashMap::new();
+        for (name, rule) in rules {
+            parsed.insert(name, shard_rule(&rule)?);
+        }
+        let plans = self
+            .inner
+            .plan_shards(ranks, |t| parsed.get(&t.name).copied())
+            .map_err(to_py)?;
+        Ok(plans
+            .into_iter()
+            .map(|(plan, placed)| self.load_plan(plan, placed))
+            .collect())
+    }
+}
+
+impl SafetensorsFile {
+    fn load_plan(&self, plan: BatchPlan, placed: Vec<gpuio::safetensors::Tensor>) -> LoadPlan {
         let tensors = placed
             .into_iter()
             .map(|t| {
@@ -88,6 +116,25 @@ impl SafetensorsFile {
             tensors,
         }
     }
+}
+
+/// ``"replicate"``, ``("split", dim)`` or ``("only", rank)`` as a [`Shard`](gpuio::safetensors::Shard).
+fn shard_rule(rule: &Bound<'_, PyAny>) -> PyResult<gpuio::safetensors::Shard> {
+    use gpuio::safetensors::Shard;
+    if let Ok(s) = rule.extract::<String>() {
+        if s == "replicate" {
+            return Ok(Shard::Replicate);
+        }
+    } else if let Ok((kind, n)) = rule.extract::<(String, usize)>() {
+        match kind.as_str() {
+            "split" => return Ok(Shard::Split(n)),
+            "only" => return Ok(Shard::Only(n)),
+            _ => {}
+        }
+    }
+    Err(pyo3::exceptions::PyValueError::new_err(format!(
+        "shard rule {rule}: use \"replicate\", (\"split\", dim) or (\"only\", rank)"
+    )))
 }
 
 /// Where each selected tensor lands in one destination of ``dst_len`` bytes, and the batch

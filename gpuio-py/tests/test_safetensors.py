@@ -126,3 +126,35 @@ def test_corrupt_files_fail_clearly(tmpdir_path):
 def test_unknown_framework_is_refused(checkpoint):
     with pytest.raises(ValueError, match="framework"):
         safe_open(checkpoint, framework="tf")
+
+
+def test_tensor_parallel_shards_match_numpy_slices(tmp_path):
+    from gpuio.safetensors.numpy import load_shards
+
+    rng = np.random.default_rng(11)
+    ts = {
+        "qkv": rng.standard_normal((6, 4, 12)).astype(np.float32),
+        "up": rng.standard_normal((5, 12)).astype(np.float16),
+        "norm": rng.standard_normal(12).astype(np.float32),
+        "head": rng.integers(0, 255, size=(3, 7), dtype=np.uint8),
+        "skipped": np.zeros(3, dtype=np.float32),
+    }
+    path = tmp_path / "tp.safetensors"
+    st_numpy.save_file(ts, str(path))
+    rules = {"qkv": ("split", 2), "up": ("split", 1), "norm": "replicate", "head": ("only", 2)}
+    for rule in (rules, lambda name, shape: rules.get(name)):
+        shards = load_shards(path, 3, rule)
+        assert len(shards) == 3
+        for r, shard in enumerate(shards):
+            np.testing.assert_array_equal(shard["qkv"], np.split(ts["qkv"], 3, axis=2)[r])
+            np.testing.assert_array_equal(shard["up"], np.split(ts["up"], 3, axis=1)[r])
+            np.testing.assert_array_equal(shard["norm"], ts["norm"])
+            assert ("head" in shard) == (r == 2)
+            assert "skipped" not in shard
+        np.testing.assert_array_equal(shards[2]["head"], ts["head"])
+    with pytest.raises(ValueError, match="equal parts"):
+        load_shards(path, 5, {"qkv": ("split", 2)})
+    with pytest.raises(ValueError, match="shard rule"):
+        load_shards(path, 2, {"qkv": ("cut", 2)})
+    with pytest.raises(KeyError):
+        load_shards(path, 2, {"nope": "replicate"})

@@ -93,3 +93,32 @@ def test_cpu_tensor_is_a_destination_through_dlpack(torch, engine, data_file):
     with pytest.raises(gpuio.InvalidInput, match="not C-contiguous"):
         f.read_into(torch.zeros(10, 10)[:, 1])
     assert np.frombuffer(data, np.uint8).size == len(data)
+
+
+def test_tensor_parallel_shards_on_cpu_and_gpus(torch, st_torch, tmp_path):
+    """load_shards: each rank's part of every split tensor equals torch.chunk of the tensor;
+    ranks on the CPU, and where CUDA exists, spread over the GPUs."""
+    from gpuio.safetensors.torch import load_shards
+
+    g = torch.Generator().manual_seed(5)
+    ts = {
+        "qkv": torch.randn(6, 4, 12, generator=g).to(torch.bfloat16),
+        "embed": torch.randn(12, 8, generator=g),
+        "norm": torch.randn(12, generator=g),
+    }
+    path = tmp_path / "tp.safetensors"
+    st_torch.save_file(ts, str(path))
+    rules = {"qkv": ("split", 2), "embed": ("split", 0), "norm": "replicate"}
+    layouts = [["cpu", "cpu", "cpu"]]
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        ranks = max(d for d in (2, 3, 4, 6) if d <= max(2, n))  # divides 12
+        layouts.append([f"cuda:{r % n}" for r in range(ranks)])
+    for devices in layouts:
+        shards = load_shards(path, devices, rules)
+        ranks = len(devices)
+        for r, shard in enumerate(shards):
+            for name, dim in (("qkv", 2), ("embed", 0)):
+                assert shard[name].device == torch.device(devices[r]), name
+                assert torch.equal(shard[name].cpu(), torch.chunk(ts[name], ranks, dim=dim)[r]), name
+            assert torch.equal(shard["norm"].cpu(), ts["norm"])

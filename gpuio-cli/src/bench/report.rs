@@ -271,6 +271,7 @@ mod tests {
             "bounce_pinned",
             "bs",
             "bytes",
+            "cached_share",
             "cpu_cores",
             "cpu_s_per_gb",
             "direct",

@@ -74,6 +74,41 @@ class Checkpoint:
         return {n: build(buf, n, dtype, shape, s, e) for n, dtype, shape, s, e in plan.tensors}
 
 
+    def shard_rules(self, rule):
+        """``{name: rule}`` for ``plan_shards`` from ``rule``: a dict of tensor names to
+        ``"replicate"``, ``("split", dim)`` or ``("only", rank)``, or a callable
+        ``rule(name, shape)`` returning one of those or ``None`` (not loaded)."""
+        if callable(rule):
+            out = {}
+            for name, row in self._listed.items():
+                r = rule(name, tuple(row[2]))
+                if r is not None:
+                    out[name] = r
+            return out
+        for n in rule:
+            self.listing(n)
+        return dict(rule)
+
+    def load_shards(self, rule, ranks, alloc, build, streams=None, sync=None):
+        """Tensor-parallel load: each rank's shards (see ``shard_rules``) into one buffer
+        from ``alloc(rank, nbytes)``; returns one ``{name: build(...)}`` per rank. Every
+        byte of a split tensor is read once, by the rank it belongs to. ``streams[rank]``
+        orders device copies; ``sync(rank)`` (if given) runs after the reads."""
+        plans = self._file.plan_shards(ranks, self.shard_rules(rule))
+        out = []
+        for rank, plan in enumerate(plans):
+            buf = alloc(rank, plan.dst_len)
+            plan.read_into(buf, stream=None if streams is None else streams[rank])
+            out.append((buf, plan))
+        if sync is not None:
+            for rank in range(ranks):
+                sync(rank)
+        return [
+            {n: build(buf, n, dtype, shape, s, e) for n, dtype, shape, s, e in plan.tensors}
+            for buf, plan in out
+        ]
+
+
 class safe_open:
     """Like ``safetensors.safe_open``: ``framework`` is ``"pt"``/``"torch"`` or
     ``"np"``/``"numpy"``; ``device`` applies to torch. Tensors are read when asked for

@@ -1,7 +1,7 @@
 """``gpuio.safetensors.numpy.load_file``: ``safetensors.numpy.load_file`` through gpuio."""
 
 import os
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 
@@ -54,4 +54,24 @@ def load_file(
     return _load(Checkpoint(filename, engine), None)
 
 
-__all__ = ["load_file"]
+def load_shards(
+    filename: Union[str, "os.PathLike[str]"],
+    ranks: int,
+    rule,
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> List[Dict[str, np.ndarray]]:
+    """Tensor-parallel load into ``ranks`` sets of numpy arrays: ``rule`` is a dict of tensor
+    names to ``"replicate"``, ``("split", dim)`` (rank ``r`` gets part ``r`` of ``dim``) or
+    ``("only", rank)``, or a callable ``rule(name, shape)`` returning one of those or
+    ``None``. Each rank reads only its own part of the file."""
+    checkpoint = Checkpoint(filename, engine)
+    rules = checkpoint.shard_rules(rule)
+    for n in rules:
+        _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
+    return checkpoint.load_shards(
+        rules, ranks, alloc=lambda _r, n: np.empty(n, dtype=np.uint8), build=_build
+    )
+
+
+__all__ = ["load_file", "load_shards"]

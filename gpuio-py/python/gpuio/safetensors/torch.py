@@ -2,7 +2,7 @@
 straight into GPU memory for ``device="cuda:N"``."""
 
 import os
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import torch
 
@@ -95,4 +95,47 @@ def load_file(
     return _load(Checkpoint(filename, engine), None, device)
 
 
-__all__ = ["load_file"]
+def _device(device):
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: gpuio loads into 'cpu' or 'cuda:N'")
+    return dev
+
+
+def load_shards(
+    filename: Union[str, "os.PathLike[str]"],
+    devices: List[Union[str, int, "torch.device"]],
+    rule,
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> List[Dict[str, "torch.Tensor"]]:
+    """Tensor-parallel load: one ``{name: torch.Tensor}`` per entry of ``devices`` (rank
+    ``r`` on ``devices[r]``; several ranks may share a device). ``rule`` is a dict of tensor
+    names to ``"replicate"``, ``("split", dim)`` (rank ``r`` gets part ``r`` of ``dim``, which
+    must divide evenly) or ``("only", rank)``, or a callable ``rule(name, shape)`` returning
+    one of those or ``None`` (not loaded). Each rank reads only its own part of the file,
+    straight into its device; the tensors are ready when this returns."""
+    devs = [_device(d) for d in devices]
+    checkpoint = Checkpoint(filename, engine)
+    rules = checkpoint.shard_rules(rule)
+    for n in rules:
+        _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
+    streams = [torch.cuda.current_stream(d) if d.type == "cuda" else None for d in devs]
+
+    def alloc(rank, n):
+        if devs[rank].type == "cuda":
+            return torch.empty(max(n, 1), dtype=torch.uint8, device=devs[rank])
+        return torch.empty(n, dtype=torch.uint8)
+
+    def sync(rank):
+        if streams[rank] is not None:
+            streams[rank].synchronize()
+
+    return checkpoint.load_shards(
+        rules, len(devs), alloc=alloc, build=_build, streams=streams, sync=sync
+    )
+
+
+__all__ = ["load_file", "load_shards"]
