@@ -123,7 +123,9 @@ async fn shards_match_the_tensors_sliced_by_hand() {
                                 t.shape, shape,
                                 "{label} {ranks} ranks, rank {rank}, {name}"
                             );
-                            assert_eq!(t.buffer_range.start % 256, 0, "{name} aligned");
+                            if !data.is_empty() {
+                                assert_eq!(t.buffer_range.start % 256, 0, "{name} aligned");
+                            }
                             assert!(
                                 ckpt.bytes(name).unwrap() == &data[..],
                                 "{label} {ranks} ranks, rank {rank}, {name}: bytes differ"
@@ -136,13 +138,13 @@ async fn shards_match_the_tensors_sliced_by_hand() {
                     }
                 }
             }
-            // A split tensor's parts add up to the whole: every byte read once.
-            let total: usize = shards
-                .iter()
-                .filter_map(|c| c.tensor("attn.qkv"))
-                .map(|t| t.byte_len())
-                .sum();
-            assert_eq!(total, bytes["attn.qkv"].len());
+            // A split tensor's parts add up to the whole: the ranks' batches ask for every
+            // byte once.
+            let plans = st
+                .plan_shards(ranks, |t| (t.name == "attn.qkv").then_some(Shard::Split(2)))
+                .unwrap();
+            let asked: u64 = plans.iter().map(|(p, _)| p.bytes()).sum();
+            assert_eq!(asked, bytes["attn.qkv"].len() as u64);
         }
     }
 }
@@ -203,8 +205,9 @@ async fn device_shards_on_every_gpu() {
     let (path, bytes) = checkpoint(dir.path());
     let engine = gpuio::Engine::new().unwrap();
     let st = SafetensorsFile::open(&engine, &path).await.unwrap();
-    // Two ranks per GPU at least, so one GPU holding several ranks is covered too.
-    let ranks = (2 * n).clamp(2, 6);
+    // A rank count every split dimension divides (12 and 6), at least two so one GPU can
+    // hold several ranks, spread over as many GPUs as it reaches.
+    let ranks = [6, 3, 2].into_iter().find(|&r| r <= n.max(2)).unwrap_or(2);
     let streams: Vec<_> = (0..ranks)
         .map(|r| gpuio::cuda::context(r % n).unwrap().new_stream().unwrap())
         .collect();
@@ -228,4 +231,47 @@ async fn device_shards_on_every_gpu() {
         }
     }
     eprintln!("{T}: {ranks} ranks over {n} GPU(s) checked");
+}
+
+/// An empty tensor last in a rank's buffer, and shapes whose dimensions after a zero one are
+/// huge (the header's byte count bounds nothing past a zero): planned without a panic, an
+/// overflow or a loop over the huge dimension; loaded, their views are empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_and_hostile_shapes() {
+    let dir = tmpdir();
+    let path = dir.path().join("odd.safetensors");
+    let huge = 1usize << 62;
+    let header = format!(
+        r#"{{"a":{{"dtype":"F32","shape":[3],"data_offsets":[0,12]}},"z":{{"dtype":"F32","shape":[0],"data_offsets":[12,12]}},"h":{{"dtype":"F32","shape":[0,{huge},{huge}],"data_offsets":[12,12]}},"w":{{"dtype":"F32","shape":[{huge},0],"data_offsets":[12,12]}}}}"#
+    );
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.extend_from_slice(&[1u8; 12]);
+    std::fs::write(&path, file).unwrap();
+    let engine = gpuio::Engine::new().unwrap();
+    let st = match SafetensorsFile::open(&engine, &path).await {
+        Ok(st) => st,
+        Err(e) => {
+            // The safetensors crate may refuse such a header outright: also a clear error.
+            assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+            eprintln!("empty_and_hostile_shapes: the header was refused at open: {e}");
+            return;
+        }
+    };
+    let shards = st
+        .load_shards_host(2, |t| match t.name.as_str() {
+            "a" | "z" => Some(Shard::Replicate),
+            "h" => Some(Shard::Split(1)),
+            "w" => Some(Shard::Split(0)),
+            _ => None,
+        })
+        .await
+        .unwrap();
+    for ckpt in &shards {
+        assert_eq!(ckpt.bytes("a").unwrap(), &[1u8; 12]);
+        assert!(ckpt.bytes("z").unwrap().is_empty());
+        assert!(ckpt.bytes("h").unwrap().is_empty());
+        assert!(ckpt.bytes("w").unwrap().is_empty());
+        assert!(ckpt.tensor("z").unwrap().buffer_range.end <= ckpt.buffer().len());
+    }
 }

@@ -89,7 +89,8 @@ pub struct Tensor {
     pub dtype: Dtype,
     /// Shape.
     pub shape: Vec<usize>,
-    /// Byte range in the file it was read from.
+    /// Byte range in the file it was read from: the whole tensor's, also for a shard
+    /// ([`Shard`]), which read only its part of it.
     pub file_range: Range<u64>,
     /// Byte range in the buffer it was loaded into.
     pub buffer_range: Range<usize>,
@@ -184,8 +185,13 @@ impl SafetensorsFile {
         let mut placed = Vec::new();
         let mut descs = Vec::new();
         for t in self.tensors.iter().filter(|t| keep(&t.name)) {
-            // Same remainder modulo PLACEMENT as in the file: neighbours stay neighbours.
-            let dst = at + (t.file_range.start + PLACEMENT - at % PLACEMENT) % PLACEMENT;
+            // Same remainder modulo PLACEMENT as in the file: neighbours stay neighbours. An
+            // empty tensor takes no room (its range cannot then lie past the buffer's end).
+            let dst = if t.byte_len() == 0 {
+                at
+            } else {
+                at + (t.file_range.start + PLACEMENT - at % PLACEMENT) % PLACEMENT
+            };
             let dst = dst as usize;
             descs.push(ReadDesc::new(
                 &self.file,

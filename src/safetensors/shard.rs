@@ -1,15 +1,17 @@
 //! Loading a checkpoint across the ranks of a tensor-parallel group: each tensor replicated on
 //! every rank, split along one dimension into equal parts (rank `r` gets part `r`), or given
 //! to one rank. Every rank's shards go into one buffer of its own (host memory, or memory on
-//! the rank's GPU), and all ranks load at once. A split tensor's bytes are read once in all:
-//! each rank reads its own part of the file, straight into its own buffer, with no copy
-//! between ranks.
+//! the rank's GPU), and all ranks load at once. Each rank asks only for its own part of the
+//! file, straight into its own buffer, with no copy between ranks (on an O_DIRECT file the
+//! blocks at the parts' edges are read by both neighbours).
 //!
 //! A split along dimension 0 is one contiguous range of the file; along a later dimension it
 //! is one range per index of the dimensions before it (a `[rows, cols]` weight split by
 //! columns is `rows` reads of `cols / ranks` elements each). Those reads go in the rank's
 //! batch, so small ones are served from the page cache on the polling thread where the file
-//! is cached, and the rest in parallel through the engine.
+//! is cached, and the rest in parallel through the engine. Narrow column splits of large
+//! weights make many small reads; reading the span once and scattering it would be cheaper
+//! there (not done yet).
 
 use super::{Checkpoint, FileTensor, SafetensorsFile, Tensor};
 use crate::batch::{BatchPlan, ReadDesc};
@@ -42,9 +44,10 @@ fn part_of(
     rank: usize,
     ranks: usize,
 ) -> Result<Option<Part>, String> {
-    let elems: usize = t.shape.iter().product();
+    // Checked: a hostile header's dimensions after a zero one are bounded by nothing else.
+    let elems = t.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
     let bits = t.dtype.bitsize();
-    if elems.checked_mul(bits) != Some(t.byte_len() * 8) {
+    if elems.and_then(|e| e.checked_mul(bits)) != Some(t.byte_len() * 8) {
         return Err(format!(
             "{:?} of shape {:?} is not the {} bytes the header gives it",
             t.dtype,
@@ -71,9 +74,14 @@ fn part_of(
                 ));
             }
             let part = len / ranks;
+            let mut shape = t.shape.clone();
+            shape[d] = part;
+            if t.byte_len() == 0 {
+                return Ok(Some((shape, Vec::new())));
+            }
+            // Every product below is at most elements x bits, which is 8 x the byte length.
             let outer: usize = t.shape[..d].iter().product();
             let inner_bits = t.shape[d + 1..].iter().product::<usize>() * bits;
-            // Elements count fits (checked above against the byte length), so these do too.
             let (row_bits, stride_bits) = (part * inner_bits, len * inner_bits);
             if row_bits % 8 != 0 {
                 return Err(format!(
@@ -84,11 +92,8 @@ fn part_of(
             let (row, stride) = (row_bits / 8, (stride_bits / 8) as u64);
             let first = t.file_range.start + (rank * row) as u64;
             let ranges = (0..outer as u64)
-                .filter(|_| row > 0)
                 .map(|o| (first + o * stride, row))
                 .collect();
-            let mut shape = t.shape.clone();
-            shape[d] = part;
             Ok(Some((shape, ranges)))
         }
     }
@@ -126,7 +131,13 @@ impl SafetensorsFile {
                 let Some((shape, ranges)) = part else {
                     continue;
                 };
-                let start = at[rank].next_multiple_of(SHARD_ALIGN);
+                // An empty shard takes no room (and cannot land past the buffer's end).
+                let bytes: usize = ranges.iter().map(|r| r.1).sum();
+                let start = if bytes == 0 {
+                    at[rank]
+                } else {
+                    at[rank].next_multiple_of(SHARD_ALIGN)
+                };
                 let mut dst = start;
                 for (offset, len) in ranges {
                     descs[rank].push(ReadDesc::new(&self.file, offset, len, dst));

@@ -176,7 +176,8 @@ pub struct BenchArgs {
     /// O_DIRECT.
     #[arg(long)]
     pub(crate) direct: bool,
-    /// Destination (or source) memory: host, gpu, gpu:N.
+    /// Destination (or source) memory: host, gpu, gpu:N, or several GPUs (gpu:0,1 or gpu:all:
+    /// tasks spread over them, each GPU's rate reported).
     #[arg(long, default_value = "host")]
     pub(crate) to: Target,
     /// Backend; a comma-separated list compares them (`uring,pread`). `spdk` reads the NVMe
@@ -219,8 +220,8 @@ pub struct BenchArgs {
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
     pub(crate) no_fast_path: bool,
-    /// Every task's device buffer on one CUDA stream (as under a framework's current stream)
-    /// instead of a stream per task.
+    /// Every task's device buffer on one CUDA stream per GPU (as under a framework's current
+    /// stream) instead of a stream per task.
     #[arg(long)]
     pub(crate) one_stream: bool,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
@@ -310,6 +311,14 @@ impl BenchArgs {
         if self.owned && self.to != Target::Host {
             return Err(format!(
                 "--owned reads into host memory, not --to {}",
+                self.to
+            ));
+        }
+        let gpus = self.to.gpus().len();
+        if let Some(qd) = self.qd.iter().find(|&&q| gpus > 1 && q % gpus != 0) {
+            return Err(format!(
+                "--qd {qd} does not spread evenly over the {gpus} GPUs of --to {}: use a \
+                 multiple of {gpus}",
                 self.to
             ));
         }
