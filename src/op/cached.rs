@@ -18,7 +18,9 @@
 //! event, as every copy a read's future issues is. Where that call is missing (drivers before
 //! CUDA 12.8), the stream is the NULL, legacy or per-thread one, the stream is being captured
 //! into a graph, or the engine lends device leases (whose streams wait on the reactor), small
-//! device reads go through the reactor.
+//! device reads go through the reactor. The copy call may wait while the driver's own staging
+//! memory is full of earlier copies queued behind long work on the same stream: bounded by
+//! that work, and the one way this path can hold the polling thread longer than a copy.
 
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
