@@ -73,6 +73,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<safetensors::SafetensorsFile>()?;
     m.add_class::<safetensors::LoadPlan>()?;
     m.add_function(wrap_pyfunction!(safetensors::open_safetensors, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::read_plans, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_class::<CheckReport>()?;

@@ -155,6 +155,41 @@ async fn load(plan: Arc<BatchPlan>, mut mem: Memory) -> gpuio::Result<usize> {
     done.exact(plan.descs())
 }
 
+/// Runs every plan into its destination at once (``plans[i]`` into ``dsts[i]``, ordered on
+/// ``streams[i]`` where given), releasing the GIL once for all of them; returns the bytes
+/// each read. Each destination is checked before anything is read. The first error raises,
+/// after every load has ended.
+#[pyfunction]
+#[pyo3(signature = (plans, dsts, streams = None))]
+pub fn read_plans(
+    py: Python<'_>,
+    plans: Vec<Bound<'_, LoadPlan>>,
+    dsts: Vec<Bound<'_, PyAny>>,
+    streams: Option<Vec<Option<Bound<'_, PyAny>>>>,
+) -> PyResult<Vec<usize>> {
+    if dsts.len() != plans.len() || streams.as_ref().is_some_and(|s| s.len() != plans.len()) {
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "read_plans: {} plans, {} destinations{}: one each",
+            plans.len(),
+            dsts.len(),
+            streams
+                .as_ref()
+                .map_or(String::new(), |s| format!(", {} streams", s.len()))
+        )));
+    }
+    let _keep_context = KeepCurrentContext::save();
+    let mut loads = Vec::with_capacity(plans.len());
+    for (i, (plan, dst)) in plans.iter().zip(&dsts).enumerate() {
+        let plan = plan.get();
+        let stream = streams.as_ref().and_then(|s| s[i].as_ref());
+        loads.push(load(plan.plan.clone(), plan.memory(dst, stream)?));
+    }
+    block(py, futures::future::join_all(loads))
+        .into_iter()
+        .map(|r| r.map_err(to_py))
+        .collect()
+}
+
 impl LoadPlan {
     fn memory(
         &self,

@@ -158,3 +158,17 @@ def test_tensor_parallel_shards_match_numpy_slices(tmp_path):
         load_shards(path, 2, {"qkv": ("cut", 2)})
     with pytest.raises(KeyError):
         load_shards(path, 2, {"nope": "replicate"})
+
+
+def test_read_plans_checks_its_lists(tmp_path):
+    path = tmp_path / "one.safetensors"
+    st_numpy.save_file({"w": np.arange(10, dtype=np.float32)}, str(path))
+    f = gpuio._native.open_safetensors(gpuio.Engine(), str(path))
+    plan = f.plan(None)
+    with pytest.raises(ValueError, match="one each"):
+        gpuio._native.read_plans([plan, plan], [np.empty(plan.dst_len, dtype=np.uint8)])
+    bufs = [np.empty(plan.dst_len, dtype=np.uint8) for _ in range(3)]
+    assert gpuio._native.read_plans([plan] * 3, bufs) == [40, 40, 40]
+    (_, _, _, start, end), = plan.tensors
+    for b in bufs:
+        np.testing.assert_array_equal(b[start:end].view(np.float32), np.arange(10, dtype=np.float32))

@@ -95,17 +95,15 @@ class Checkpoint:
         byte of a split tensor is read once, by the rank it belongs to. ``streams[rank]``
         orders device copies; ``sync(rank)`` (if given) runs after the reads."""
         plans = self._file.plan_shards(ranks, self.shard_rules(rule))
-        out = []
-        for rank, plan in enumerate(plans):
-            buf = alloc(rank, plan.dst_len)
-            plan.read_into(buf, stream=None if streams is None else streams[rank])
-            out.append((buf, plan))
+        bufs = [alloc(rank, plan.dst_len) for rank, plan in enumerate(plans)]
+        # Every rank at once, one wait for all of them.
+        gpuio._native.read_plans(plans, bufs, streams)
         if sync is not None:
             for rank in range(ranks):
                 sync(rank)
         return [
             {n: build(buf, n, dtype, shape, s, e) for n, dtype, shape, s, e in plan.tensors}
-            for buf, plan in out
+            for buf, plan in zip(bufs, plans)
         ]
 
 
