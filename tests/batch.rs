@@ -512,7 +512,6 @@ async fn device_batches_of_small_reads_combine_their_copies() {
 /// stream got there, every batch would find the last one's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_batches_served_from_the_page_cache() {
-    use gpuio::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
     const T: &str = "device_batches_served_from_the_page_cache";
     if !gpuio::cuda::available() {
         skipped(format!("{T}: no usable CUDA device"));
@@ -524,14 +523,7 @@ async fn device_batches_served_from_the_page_cache() {
     let (path, data) = test_file(dir.path(), "small.bin", 16 << 20, 48);
     let engine = Engine::new().unwrap();
     let f = engine.open(&path).unwrap();
-    let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
-    let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
-    let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
-    let ns: u64 = 200_000_000;
-    let mut b = stream.launch_builder(&spin);
-    b.arg(&ns).arg(&mut flag);
-    // SAFETY: one thread writes the one u32 `flag` holds.
-    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    Spinner::new(&stream).hold(&stream, 200_000_000);
     let mut rng = fastrand::Rng::with_seed(22);
     let before = engine.cached_reads();
     let mut results = Vec::new();

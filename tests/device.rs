@@ -530,17 +530,12 @@ async fn small_cached_reads_into_device_memory_skip_the_reactor() {
     let engine = Engine::new().unwrap();
     let f = engine.open(&path).unwrap();
     let stream = ctx.new_stream().unwrap();
-    let ptx = cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
-    let spin = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
-    let mut flag = stream.alloc_zeros::<u32>(1).unwrap();
+    let mut spinner = Spinner::new(&stream);
     const READS: usize = 400;
     let max = gpuio::CACHED_READ_MAX;
     let mut whole = stream.alloc_zeros::<u8>(READS * max).unwrap();
     let ns: u64 = 200_000_000;
-    let mut b = stream.launch_builder(&spin);
-    b.arg(&ns).arg(&mut flag);
-    // SAFETY: one thread writes the one u32 `flag` holds.
-    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    spinner.hold(&stream, ns);
     let (before, other) = (engine.cached_reads(), ctx.new_stream().unwrap());
     let mut rng = fastrand::Rng::with_seed(9);
     let mut want = Vec::new();
@@ -589,10 +584,7 @@ async fn small_cached_reads_into_device_memory_skip_the_reactor() {
         let other = ctx.new_stream().unwrap();
         let backing = home.alloc_zeros::<u8>(READS * 4096).unwrap();
         let (ptr, _sync) = gpuio::cuda::cudarc::driver::DevicePtr::device_ptr(&backing, &home);
-        let mut b = other.launch_builder(&spin);
-        b.arg(&ns).arg(&mut flag);
-        // SAFETY: as above.
-        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+        spinner.hold(&other, ns);
         let mut staged = 0;
         for i in 0..READS {
             let before = engine.cached_reads();

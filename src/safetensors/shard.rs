@@ -164,19 +164,8 @@ impl SafetensorsFile {
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
     ) -> Result<Vec<Checkpoint<Vec<u8>>>> {
         let plans = self.plan_shards(ranks, rule)?;
-        let mut bufs: Vec<Vec<u8>> = plans.iter().map(|(p, _)| vec![0u8; p.dst_len()]).collect();
-        let loads = plans
-            .iter()
-            .zip(bufs.iter_mut())
-            .map(|((plan, _), buf)| Self::run(plan, buf));
-        for r in futures::future::join_all(loads).await {
-            r?;
-        }
-        Ok(bufs
-            .into_iter()
-            .zip(plans)
-            .map(|(buf, (_, tensors))| Checkpoint::new(buf, tensors, self.file.path()))
-            .collect())
+        let bufs = plans.iter().map(|(p, _)| vec![0u8; p.dst_len()]).collect();
+        self.load_ranks(plans, bufs).await
     }
 
     /// Loads rank `r`'s shards into one allocation on `streams[r]`'s device (a rank per
@@ -190,12 +179,22 @@ impl SafetensorsFile {
     ) -> Result<Vec<Checkpoint<cudarc::driver::CudaSlice<u8>>>> {
         let plans = self.plan_shards(streams.len(), rule)?;
         let ctx = || self.file.ctx(OpKind::Read, 0).with_backend("cuda");
-        let mut bufs = plans
+        let bufs = plans
             .iter()
             .zip(streams)
             .map(|((p, _), s)| s.alloc_zeros::<u8>(p.dst_len().max(1)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::cuda(ctx(), e))?;
+        self.load_ranks(plans, bufs).await
+    }
+
+    /// Runs every rank's plan into its buffer, all at once, and wraps each buffer with its
+    /// shards.
+    async fn load_ranks<B: crate::buf::ReadDst>(
+        &self,
+        plans: Vec<(BatchPlan, Vec<Tensor>)>,
+        mut bufs: Vec<B>,
+    ) -> Result<Vec<Checkpoint<B>>> {
         let loads = plans
             .iter()
             .zip(bufs.iter_mut())

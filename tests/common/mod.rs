@@ -309,3 +309,30 @@ extern "C" __global__ void spin(unsigned long long ns, unsigned int* flag) {
     *flag = 1;
 }
 "#;
+
+/// [`SPIN_KERNEL`] loaded on a context, to hold a stream busy for a while (tests that need
+/// work queued behind a running kernel).
+pub struct Spinner {
+    func: gpuio::cuda::cudarc::driver::CudaFunction,
+    flag: gpuio::cuda::cudarc::driver::CudaSlice<u32>,
+}
+
+impl Spinner {
+    /// Compiles and loads the kernel on `stream`'s context.
+    pub fn new(stream: &std::sync::Arc<gpuio::cuda::cudarc::driver::CudaStream>) -> Spinner {
+        let ctx = stream.context();
+        let ptx = gpuio::cuda::cudarc::nvrtc::compile_ptx(SPIN_KERNEL).unwrap();
+        let func = ctx.load_module(ptx).unwrap().load_function("spin").unwrap();
+        let flag = stream.alloc_zeros::<u32>(1).unwrap();
+        Spinner { func, flag }
+    }
+
+    /// Queues a kernel on `stream` that keeps it busy for about `ns` nanoseconds.
+    pub fn hold(&mut self, stream: &gpuio::cuda::cudarc::driver::CudaStream, ns: u64) {
+        use gpuio::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+        let mut b = stream.launch_builder(&self.func);
+        b.arg(&ns).arg(&mut self.flag);
+        // SAFETY: one thread writes the one u32 `flag` holds.
+        unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
+    }
+}
