@@ -4,7 +4,12 @@
 //!     cargo run --release --example load_safetensors -- MODEL.safetensors [PREFIX]
 //!     cargo run --release --example load_safetensors -- --make OUT.safetensors SIZE_MIB
 //!
-//! With PREFIX only tensors whose names start with it are loaded. `--make` writes a synthetic
+//!     cargo run --release --example load_safetensors -- MODEL.safetensors --gpus 2 [--replicas once|each]
+//!
+//! With PREFIX only tensors whose names start with it are loaded. `--gpus N` loads the whole
+//! checkpoint onto each of GPUs 0..N (replicated, as tensor-parallel ranks hold norms and
+//! embeddings): read once and copied GPU to GPU where the GPUs reach each other directly, or
+//! as `--replicas` says. `--make` writes a synthetic
 //! checkpoint of about SIZE_MIB (layers of f32/bf16/f16/i64 tensors) to measure with. Without a
 //! GPU the checkpoint goes to host memory, and the example says so. Every loaded tensor's
 //! checksum is compared with the file's bytes read by `std::fs` (`--no-verify` skips that).
@@ -12,7 +17,7 @@
 use std::time::Instant;
 
 use gpuio::Engine;
-use gpuio::safetensors::{Dtype, SafetensorsFile};
+use gpuio::safetensors::{Dtype, Replicas, SafetensorsFile, Shard};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -27,7 +32,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let verify = !args.iter().any(|a| a == "--no-verify");
-    let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+    };
+    let gpus: usize = flag("--gpus").map_or(Ok(1), |v| v.parse())?;
+    let replicas = match flag("--replicas").map(String::as_str) {
+        None | Some("auto") => Replicas::Auto,
+        Some("once") => Replicas::ReadOnce,
+        Some("each") => Replicas::ReadEach,
+        Some(other) => return Err(format!("--replicas {other}: use once, each or auto").into()),
+    };
+    let values: Vec<&String> = ["--gpus", "--replicas"]
+        .iter()
+        .filter_map(|f| flag(f))
+        .collect();
+    let positional: Vec<&String> = args
+        .iter()
+        .filter(|a| !a.starts_with("--") && !values.contains(a))
+        .collect();
     let Some(path) = positional.first() else {
         return Err("usage: load_safetensors MODEL.safetensors [PREFIX] [--no-verify]".into());
     };
@@ -38,6 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let st = SafetensorsFile::open(&engine, path).await?;
     let header = start.elapsed();
     let keep = |name: &str| name.starts_with(prefix);
+    if gpus > 1 {
+        return replicated(&engine, &st, gpus, replicas, verify).await;
+    }
     let (loaded, tensors, where_, bytes_of) = match gpuio::cuda::context(0) {
         Ok(ctx) => {
             let stream = ctx.new_stream()?;
@@ -104,6 +131,48 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         loaded.as_secs_f64(),
         header.as_secs_f64() * 1e3,
         bytes as f64 / loaded.as_secs_f64() / 1e9
+    );
+    Ok(())
+}
+
+/// The whole checkpoint onto each of GPUs `0..gpus`; checks every copy against the file.
+async fn replicated(
+    engine: &Engine,
+    st: &SafetensorsFile,
+    gpus: usize,
+    replicas: Replicas,
+    verify: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let streams = (0..gpus)
+        .map(|g| Ok(gpuio::cuda::context(g)?.new_stream()?))
+        .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
+    let t0 = Instant::now();
+    let ranks = st
+        .load_shards_device_with(&streams, |_| Some(Shard::Replicate), replicas)
+        .await?;
+    for s in &streams {
+        engine.synchronize(s).await?;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    if verify {
+        let data = std::fs::read(st.file().path())?;
+        for (g, ck) in ranks.iter().enumerate() {
+            let host = streams[g].clone_dtoh(ck.buffer())?;
+            for t in ck.tensors() {
+                let at = t.file_range.start as usize;
+                if host[t.buffer_range.clone()] != data[at..at + t.byte_len()] {
+                    return Err(format!("GPU {g}: tensor {} differs from the file", t.name).into());
+                }
+            }
+        }
+        println!("verified every tensor on {gpus} GPUs against the file");
+    }
+    let bytes: u64 = ranks[0].tensors().iter().map(|t| t.byte_len() as u64).sum();
+    println!(
+        "replicated {} tensors, {:.3} GiB onto {gpus} GPUs ({replicas:?}) in {secs:.3} s: {:.2} GB/s per GPU",
+        ranks[0].tensors().len(),
+        bytes as f64 / (1u64 << 30) as f64,
+        bytes as f64 / secs / 1e9
     );
     Ok(())
 }

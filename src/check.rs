@@ -176,6 +176,8 @@ fn report_cuda(lines: &mut Vec<String>) {
                 #[cfg(feature = "cuda")]
                 lines.push(format!("    device leases: {}", lease_support(i)));
             }
+            #[cfg(feature = "cuda")]
+            report_peers(lines, c.devices.len());
             lines.push(format!(
                 "  pinned host memory: the bounce pool is page-locked with cuMemHostRegister on \
                  first use (RLIMIT_MEMLOCK {}; the driver may refuse above it for non-root)",
@@ -187,6 +189,43 @@ fn report_cuda(lines: &mut Vec<String>) {
             err.as_deref().unwrap_or("no devices")
         )),
     }
+}
+
+/// Which GPUs reach each other directly, and so how replicated checkpoint tensors are loaded
+/// (`safetensors::Replicas::Auto`).
+#[cfg(feature = "cuda")]
+fn report_peers(lines: &mut Vec<String>, n: usize) {
+    if n < 2 {
+        return;
+    }
+    let ctxs: Vec<_> = (0..n)
+        .filter_map(|i| crate::cuda::context(i).ok())
+        .collect();
+    let mut direct = true;
+    for (i, a) in ctxs.iter().enumerate() {
+        for b in &ctxs[i + 1..] {
+            let yes = crate::cuda::peer::can_access(a, b);
+            direct &= yes;
+            lines.push(format!(
+                "  gpu:{} <-> gpu:{}: {}",
+                a.ordinal(),
+                b.ordinal(),
+                if yes {
+                    "peer access (NVLink or PCIe peer-to-peer)"
+                } else {
+                    "no peer access: copies between them go through host memory"
+                }
+            ));
+        }
+    }
+    lines.push(format!(
+        "  replicated checkpoint tensors: {}",
+        if direct {
+            "read once, then copied GPU to GPU (every pair reaches each other directly)"
+        } else {
+            "read by every GPU from the file (not every pair reaches each other directly)"
+        }
+    ));
 }
 
 /// Whether reads into GPU `ordinal`'s memory can take device leases (the reactor then copies

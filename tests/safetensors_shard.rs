@@ -1,7 +1,8 @@
 //! Tensor-parallel loading (`SafetensorsFile::plan_shards`, `load_shards_host`,
 //! `load_shards_device`): every rank's shard of every tensor checked byte for byte against the
-//! tensor sliced here, splits along every dimension, replication, one-rank tensors, and rules
-//! that do not fit a tensor. The device part runs where a GPU exists (ranks spread over the
+//! tensor sliced here, splits along every dimension, replication (each rank reading it, or
+//! one rank reading it and the others copying), one-rank tensors, and rules that do not fit a
+//! tensor. The device part runs where a GPU exists (ranks spread over the
 //! GPUs there are) and says loudly where it does not.
 
 mod common;
@@ -10,7 +11,7 @@ use std::collections::HashMap;
 
 use common::*;
 use gpuio::Error;
-use gpuio::safetensors::{Dtype, SafetensorsFile, Shard};
+use gpuio::safetensors::{Dtype, Replicas, SafetensorsFile, Shard};
 
 /// Name, dtype, element size in bytes, shape.
 const TENSORS: &[(&str, Dtype, usize, &[usize])] = &[
@@ -211,22 +212,40 @@ async fn device_shards_on_every_gpu() {
     let streams: Vec<_> = (0..ranks)
         .map(|r| gpuio::cuda::context(r % n).unwrap().new_stream().unwrap())
         .collect();
-    let shards = st.load_shards_device(&streams, rule(ranks)).await.unwrap();
-    for (rank, ckpt) in shards.iter().enumerate() {
-        let back = streams[rank].clone_dtoh(ckpt.buffer()).unwrap();
-        for (name, ..) in TENSORS {
-            let want = expected(&bytes, name, rank, ranks);
-            match (ckpt.tensor(name), want) {
-                (None, None) => {}
-                (Some(t), Some((shape, data))) => {
-                    assert_eq!(t.shape, shape, "rank {rank} (GPU {}), {name}", rank % n);
-                    assert!(
-                        back[t.buffer_range.clone()] == data[..],
-                        "rank {rank} (GPU {}), {name}: bytes differ",
+    for how in [Replicas::Auto, Replicas::ReadOnce, Replicas::ReadEach] {
+        for everything in [false, true] {
+            let shards = if everything {
+                st.load_shards_device_with(&streams, |_| Some(Shard::Replicate), how)
+                    .await
+            } else {
+                st.load_shards_device_with(&streams, rule(ranks), how).await
+            }
+            .unwrap();
+            for (rank, ckpt) in shards.iter().enumerate() {
+                let back = streams[rank].clone_dtoh(ckpt.buffer()).unwrap();
+                for (name, ..) in TENSORS {
+                    let want = if everything {
+                        let &(.., shape) = TENSORS.iter().find(|t| t.0 == *name).unwrap();
+                        Some((shape.to_vec(), bytes[*name].clone()))
+                    } else {
+                        expected(&bytes, name, rank, ranks)
+                    };
+                    let at = format!(
+                        "{how:?}, all replicated {everything}, rank {rank} (GPU {}), {name}",
                         rank % n
                     );
+                    match (ckpt.tensor(name), want) {
+                        (None, None) => {}
+                        (Some(t), Some((shape, data))) => {
+                            assert_eq!(t.shape, shape, "{at}");
+                            assert!(
+                                back[t.buffer_range.clone()] == data[..],
+                                "{at}: bytes differ"
+                            );
+                        }
+                        (got, _) => panic!("{at}: got {got:?}"),
+                    }
                 }
-                (got, _) => panic!("rank {rank}, {name}: got {got:?}"),
             }
         }
     }
@@ -273,5 +292,74 @@ async fn empty_and_hostile_shapes() {
         assert!(ckpt.bytes("h").unwrap().is_empty());
         assert!(ckpt.bytes("w").unwrap().is_empty());
         assert!(ckpt.tensor("z").unwrap().buffer_range.end <= ckpt.buffer().len());
+    }
+}
+
+/// Read once: every replicated byte is read from the file by exactly one rank, the ranks take
+/// near-equal shares, and the planned copies complete every other rank. Run here on the host
+/// (each rank's batch into a `Vec`, the copies as `copy_from_slice`), so it needs no GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_once_plans_read_each_replicated_byte_once() {
+    let dir = tmpdir();
+    let (path, bytes) = checkpoint(dir.path());
+    let engine = gpuio::Engine::new().unwrap();
+    let st = SafetensorsFile::open(&engine, &path).await.unwrap();
+    let replicated: usize = bytes.values().map(Vec::len).sum();
+    for ranks in [1, 2, 3, 6] {
+        let (plans, copies) = st
+            .plan_shards_read_once(ranks, |_| Some(Shard::Replicate))
+            .unwrap();
+        let each: Vec<u64> = plans.iter().map(|(p, _)| p.bytes()).collect();
+        assert_eq!(
+            each.iter().sum::<u64>(),
+            replicated as u64,
+            "{ranks} ranks: {each:?}"
+        );
+        // Whole tensors go to owners, so shares differ by at most the largest tensor.
+        let largest = bytes.values().map(Vec::len).max().unwrap() as u64;
+        let fair = replicated as u64 / ranks as u64;
+        assert!(
+            each.iter().all(|&b| b.abs_diff(fair) <= largest),
+            "{each:?}"
+        );
+        let copied: usize = copies.iter().map(|c| c.src.len()).sum();
+        assert_eq!(
+            copied,
+            replicated * (ranks - 1),
+            "{ranks} ranks: {copies:?}"
+        );
+        let mut bufs: Vec<Vec<u8>> = plans.iter().map(|(p, _)| vec![0u8; p.dst_len()]).collect();
+        for ((plan, _), buf) in plans.iter().zip(bufs.iter_mut()) {
+            plan.read_into(buf).await.exact(plan.descs()).unwrap();
+        }
+        for c in &copies {
+            assert_ne!(c.from, c.to);
+            let src = bufs[c.from][c.src.clone()].to_vec();
+            bufs[c.to][c.dst_start..c.dst_start + src.len()].copy_from_slice(&src);
+        }
+        for ((_, placed), buf) in plans.iter().zip(&bufs) {
+            for t in placed {
+                assert!(
+                    buf[t.buffer_range.clone()] == bytes[&t.name][..],
+                    "{ranks} ranks, {}",
+                    t.name
+                );
+            }
+        }
+    }
+    // Split and one-rank tensors are untouched by read-once: the same batches as plan_shards.
+    let (split, copies) = st
+        .plan_shards_read_once(3, |t| {
+            (t.name != "norm")
+                .then_some(Shard::Split(0))
+                .filter(|_| t.name == "embed")
+        })
+        .unwrap();
+    assert!(copies.is_empty());
+    let plain = st
+        .plan_shards(3, |t| (t.name == "embed").then_some(Shard::Split(0)))
+        .unwrap();
+    for ((a, _), (b, _)) in split.iter().zip(&plain) {
+        assert_eq!(a.bytes(), b.bytes());
     }
 }

@@ -85,22 +85,54 @@ impl SafetensorsFile {
         ranks: usize,
         rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
     ) -> PyResult<Vec<LoadPlan>> {
-        let mut parsed = std::collections::HashMap::new();
-        for (name, rule) in rules {
-            parsed.insert(name, shard_rule(&rule)?);
-        }
+        let parsed = parse_rules(rules)?;
         let plans = self
             .inner
             .plan_shards(ranks, |t| parsed.get(&t.name).copied())
             .map_err(to_py)?;
-        Ok(plans
+        Ok(self.load_plans(plans))
+    }
+
+    /// As ``plan_shards``, but each replicated tensor is read by one rank only; also returns
+    /// the copies that complete the other ranks, as ``(from_rank, src_start, src_end,
+    /// to_rank, dst_start)`` byte offsets in the ranks' buffers, to run after the loads.
+    #[allow(clippy::type_complexity)]
+    fn plan_shards_read_once(
+        &self,
+        ranks: usize,
+        rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
+    ) -> PyResult<(Vec<LoadPlan>, Vec<(usize, usize, usize, usize, usize)>)> {
+        let parsed = parse_rules(rules)?;
+        let (plans, copies) = self
+            .inner
+            .plan_shards_read_once(ranks, |t| parsed.get(&t.name).copied())
+            .map_err(to_py)?;
+        let copies = copies
             .into_iter()
-            .map(|(plan, placed)| self.load_plan(plan, placed))
-            .collect())
+            .map(|c| (c.from, c.src.start, c.src.end, c.to, c.dst_start))
+            .collect();
+        Ok((self.load_plans(plans), copies))
     }
 }
 
+/// Each tensor name's rule, parsed.
+fn parse_rules(
+    rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
+) -> PyResult<std::collections::HashMap<String, gpuio::safetensors::Shard>> {
+    rules
+        .into_iter()
+        .map(|(name, rule)| Ok((name, shard_rule(&rule)?)))
+        .collect()
+}
+
 impl SafetensorsFile {
+    fn load_plans(&self, plans: Vec<(BatchPlan, Vec<gpuio::safetensors::Tensor>)>) -> Vec<LoadPlan> {
+        plans
+            .into_iter()
+            .map(|(plan, placed)| self.load_plan(plan, placed))
+            .collect()
+    }
+
     fn load_plan(&self, plan: BatchPlan, placed: Vec<gpuio::safetensors::Tensor>) -> LoadPlan {
         let tensors = placed
             .into_iter()

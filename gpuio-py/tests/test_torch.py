@@ -115,10 +115,20 @@ def test_tensor_parallel_shards_on_cpu_and_gpus(torch, st_torch, tmp_path):
         ranks = max(d for d in (2, 3, 4, 6) if d <= max(2, n))  # divides 12
         layouts.append([f"cuda:{r % n}" for r in range(ranks)])
     for devices in layouts:
-        shards = load_shards(path, devices, rules)
-        ranks = len(devices)
-        for r, shard in enumerate(shards):
-            for name, dim in (("qkv", 2), ("embed", 0)):
-                assert shard[name].device == torch.device(devices[r]), name
-                assert torch.equal(shard[name].cpu(), torch.chunk(ts[name], ranks, dim=dim)[r]), name
-            assert torch.equal(shard["norm"].cpu(), ts["norm"])
+        for replicas in ("auto", "once", "each"):
+            shards = load_shards(path, devices, rules, replicas=replicas)
+            ranks = len(devices)
+            for r, shard in enumerate(shards):
+                for name, dim in (("qkv", 2), ("embed", 0)):
+                    assert shard[name].device == torch.device(devices[r]), name
+                    want = torch.chunk(ts[name], ranks, dim=dim)[r]
+                    assert torch.equal(shard[name].cpu(), want), (name, replicas)
+                assert torch.equal(shard["norm"].cpu(), ts["norm"]), replicas
+            # Everything replicated: every rank holds every tensor whole.
+            every = load_shards(path, devices, {n: "replicate" for n in ts}, replicas=replicas)
+            for r, shard in enumerate(every):
+                for name, t in ts.items():
+                    assert shard[name].device == torch.device(devices[r]), name
+                    assert torch.equal(shard[name].cpu(), t), (name, r, replicas)
+    with pytest.raises(ValueError, match="replicas"):
+        load_shards(path, ["cpu"], rules, replicas="twice")

@@ -184,6 +184,14 @@ impl BatchPlan {
         self.dst_len
     }
 
+    /// The plan with [`dst_len`](Self::dst_len) at least `len`: for destinations that hold more
+    /// than the plan's reads fill (bytes copied in from elsewhere), so that buffers sized by
+    /// the plan have room for them.
+    pub fn reserve_dst(mut self, len: usize) -> Self {
+        self.dst_len = self.dst_len.max(len);
+        self
+    }
+
     /// Bytes the runnable descriptors read, at most.
     pub fn bytes(&self) -> u64 {
         self.runs.iter().map(|r| r.len as u64).sum()

@@ -61,6 +61,8 @@ pub(crate) mod lease;
 #[cfg(feature = "cuda")]
 pub(crate) mod memops;
 #[cfg(feature = "cuda")]
+pub mod peer;
+#[cfg(feature = "cuda")]
 pub(crate) mod pinned;
 
 #[cfg(feature = "cuda")]

@@ -41,8 +41,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use safetensors::Dtype;
-pub use shard::Shard;
+pub use shard::{ReplicaCopy, Replicas, Shard};
 
+#[cfg(feature = "cuda")]
+mod replica;
 mod shard;
 
 use crate::batch::{BatchPlan, ReadDesc};

@@ -89,15 +89,24 @@ class Checkpoint:
             self.listing(n)
         return dict(rule)
 
-    def load_shards(self, rule, ranks, alloc, build, streams=None, sync=None):
+    def load_shards(self, rule, ranks, alloc, build, streams=None, sync=None, copy=None):
         """Tensor-parallel load: each rank's shards (see ``shard_rules``) into one buffer
         from ``alloc(rank, nbytes)``; returns one ``{name: build(...)}`` per rank. Every
         byte of a split tensor is read once, by the rank it belongs to. ``streams[rank]``
-        orders device copies; ``sync(rank)`` (if given) runs after the reads."""
-        plans = self._file.plan_shards(ranks, self.shard_rules(rule))
+        orders device copies; ``sync(rank)`` (if given) runs after the reads. With ``copy``,
+        each replicated tensor is read by one rank only and ``copy(dst, dst_start, src,
+        src_start, src_end)`` (buffers, byte offsets) brings it to the others after the reads,
+        before ``sync``."""
+        rules = self.shard_rules(rule)
+        if copy is None:
+            plans, copies = self._file.plan_shards(ranks, rules), []
+        else:
+            plans, copies = self._file.plan_shards_read_once(ranks, rules)
         bufs = [alloc(rank, plan.dst_len) for rank, plan in enumerate(plans)]
         # Every rank at once, one wait for all of them.
         gpuio._native.read_plans(plans, bufs, streams)
+        for src, s, e, dst, d in copies:
+            copy(bufs[dst], d, bufs[src], s, e)
         if sync is not None:
             for rank in range(ranks):
                 sync(rank)

@@ -110,13 +110,21 @@ def load_shards(
     rule,
     *,
     engine: Optional[gpuio.Engine] = None,
+    replicas: str = "auto",
 ) -> List[Dict[str, "torch.Tensor"]]:
     """Tensor-parallel load: one ``{name: torch.Tensor}`` per entry of ``devices`` (rank
     ``r`` on ``devices[r]``; several ranks may share a device). ``rule`` is a dict of tensor
     names to ``"replicate"``, ``("split", dim)`` (rank ``r`` gets part ``r`` of ``dim``, which
     must divide evenly) or ``("only", rank)``, or a callable ``rule(name, shape)`` returning
     one of those or ``None`` (not loaded). Each rank reads only its own part of the file,
-    straight into its device; the tensors are ready when this returns."""
+    straight into its device; the tensors are ready when this returns.
+
+    ``replicas`` says how replicated tensors reach every rank: ``"once"`` (one rank reads
+    each from the file, the others get a GPU-to-GPU copy), ``"each"`` (every rank reads them)
+    or ``"auto"`` (``"once"`` where every device is a GPU and each pair reaches the other
+    directly, over NVLink or PCIe peer-to-peer)."""
+    if replicas not in ("auto", "once", "each"):
+        raise ValueError(f"replicas={replicas!r}: use 'auto', 'once' or 'each'")
     devs = [_device(d) for d in devices]
     checkpoint = Checkpoint(filename, engine)
     rules = checkpoint.shard_rules(rule)
@@ -133,8 +141,25 @@ def load_shards(
         if streams[rank] is not None:
             streams[rank].synchronize()
 
+    if replicas == "auto":
+        gpus = sorted({d.index for d in devs if d.type == "cuda"})
+        replicas = "once" if all(d.type == "cuda" for d in devs) and all(
+            torch.cuda.can_device_access_peer(a, b) for a in gpus for b in gpus if a != b
+        ) else "each"
+
+    def copy(dst, d, src, s, e):
+        # torch orders a copy between GPUs after both devices' current streams (where the
+        # reads were queued) and makes both wait for it.
+        dst[d : d + (e - s)].copy_(src[s:e])
+
     return checkpoint.load_shards(
-        rules, len(devs), alloc=alloc, build=_build, streams=streams, sync=sync
+        rules,
+        len(devs),
+        alloc=alloc,
+        build=_build,
+        streams=streams,
+        sync=sync,
+        copy=copy if replicas == "once" else None,
     )
 
 
