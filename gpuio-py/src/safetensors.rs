@@ -126,7 +126,10 @@ fn parse_rules(
 }
 
 impl SafetensorsFile {
-    fn load_plans(&self, plans: Vec<(BatchPlan, Vec<gpuio::safetensors::Tensor>)>) -> Vec<LoadPlan> {
+    fn load_plans(
+        &self,
+        plans: Vec<(BatchPlan, Vec<gpuio::safetensors::Tensor>)>,
+    ) -> Vec<LoadPlan> {
         plans
             .into_iter()
             .map(|(plan, placed)| self.load_plan(plan, placed))
