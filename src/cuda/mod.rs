@@ -19,6 +19,11 @@
 //!   completed, polled without blocking; if a context dies with copies queued, their slots (and
 //!   the pool) are leaked rather than reused.
 //!
+//! Small reads that reach the reactor (O_DIRECT, cold, or with the page-cache fast path off;
+//! at most 64 KiB) copy out of their slots the same way, with one difference: the copy is a
+//! `cuMemcpyBatchAsync` whose sources the driver reads during the call (see below), so the
+//! slots go back to the reactor straight away instead of behind an event.
+//!
 //! A batch of reads into one device buffer (`BatchPlan::read_into`) issues the copies of all
 //! its reads together, from the batch future's own `poll` (`op::combine`): every piece that
 //! landed since the last poll, in one batched driver call on the buffer's stream, behind one
@@ -117,6 +122,15 @@ pub fn lease_support(ordinal: usize) -> std::result::Result<&'static str, String
 #[doc(hidden)]
 pub fn lease_boards_made() -> usize {
     lease::BOARDS_MADE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// How many small reads into device memory so far handed their bounce slots back as soon as
+/// their copies were queued (the driver had read the slots during the call), process-wide:
+/// for tests.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub fn small_reads_released_early() -> u64 {
+    crate::op::device::SMALL_RELEASED_EARLY.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether a usable CUDA device exists (cached; cheap after the first call).

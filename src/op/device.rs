@@ -18,6 +18,11 @@ use crate::cuda::memops::is_capturing;
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
 
+/// Small reads whose slots went back to the reactor as soon as their copies were queued
+/// ([`DeviceCopyOut::copy_small`]), process-wide: for tests.
+pub(crate) static SMALL_RELEASED_EARLY: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(0);
+
 /// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
 /// binds the context, makes sure the pool is pinned, runs `issue(stream)`, and records the
 /// event the reactor polls before reusing the slots. When the copies ran on another stream, the
@@ -219,6 +224,84 @@ impl DeviceCopyOut<'_> {
     }
 }
 
+impl DeviceCopyOut<'_> {
+    /// A small read's pieces (at most [`CACHED_READ_MAX`](super::cached::CACHED_READ_MAX)
+    /// bytes, all in host slots) copied in one call whose sources the driver reads before it
+    /// returns (`copylist::queue_staged`), so the slots go straight back to the reactor: no
+    /// event to record, and none for the reactor to poll before it can reuse them. O_DIRECT
+    /// and cold small reads take this; cached ones are served before they reach the reactor
+    /// (`read_cached`). `Err` gives the pieces back: not such a read, or not on such a
+    /// stream; the caller copies them.
+    fn copy_small(
+        &mut self,
+        pieces: Vec<ReadyPiece>,
+        arena: &Arc<BounceArena>,
+        shared: &Arc<OpShared>,
+        own: &Arc<CudaStream>,
+    ) -> Result<Option<Msg>, Vec<ReadyPiece>> {
+        let (offset, len) = (self.offset, self.dst.byte_len());
+        if len > super::cached::CACHED_READ_MAX || pieces.iter().any(|p| p.slot.on_device) {
+            return Err(pieces);
+        }
+        let stream = self.stream.clone().unwrap_or_else(|| own.clone());
+        if !stageable(&stream) {
+            return Err(pieces);
+        }
+        let (dptr, write_guard) = self.dst.write_ptr(&stream);
+        let mut copies = Vec::with_capacity(pieces.len());
+        // Host slots only (checked above), so no staging pool is consulted and this cannot
+        // fail; were it to, the copies are left to the caller.
+        if read_copies(&pieces, arena, None, dptr, offset, len, &mut copies).is_err() {
+            return Err(pieces);
+        }
+        // SAFETY: `stream` is live, its context bound and accepted by `staged_ok`
+        // (`stageable`); each source lies in a host bounce slot this future holds until the
+        // Release below, which `queue_staged` has finished reading when it returns (however it
+        // returns, unless the stream's synchronisation itself failed: then the slots are
+        // abandoned below); each destination lies inside the device buffer (`read_copies`
+        // clips to `len`), whose pointer cudarc gave us for writing on `stream`, and an op's
+        // pieces cover disjoint ranges.
+        let queued = unsafe { copylist::queue_staged(stream.cu_stream(), &copies) };
+        // cudarc's write event, behind the copies, before the caller can act again.
+        drop(write_guard);
+        let ordered = match &queued {
+            Ok(()) if stream.cu_stream() != own.cu_stream() => {
+                stream.record_event(None).and_then(|ev| own.wait(&ev))
+            }
+            _ => Ok(()),
+        };
+        let fail = |why: String| {
+            let at = pieces.first().map_or(offset, |p| p.piece.pos);
+            Error::cuda_msg(
+                Context::op(OpKind::Read)
+                    .with_offset(at)
+                    .with_backend("cuda"),
+                why,
+            )
+        };
+        let slots = |pieces: Vec<ReadyPiece>| pieces.into_iter().map(|p| p.slot).collect();
+        Ok(Some(match (queued, ordered) {
+            (Ok(()), Ok(())) => {
+                SMALL_RELEASED_EARLY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Msg::Release(shared.clone(), slots(pieces))
+            }
+            (Ok(()), Err(e)) => {
+                // The memory's own stream could free it ahead of the copies: let them finish
+                // before the caller regains the memory.
+                let _ = stream.synchronize();
+                self.error = Some(fail(format!(
+                    "ordering the memory's stream after the copies: {e}"
+                )));
+                Msg::Release(shared.clone(), slots(pieces))
+            }
+            (Err(why), _) => {
+                self.error = Some(fail(format!("copying into device memory: {why}")));
+                Msg::Abandon(shared.clone(), pieces)
+            }
+        }))
+    }
+}
+
 impl Drop for DeviceCopyOut<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
@@ -250,6 +333,10 @@ impl Transfer for DeviceCopyOut<'_> {
             });
             return None;
         }
+        let pieces = match self.copy_small(pieces, arena, shared, &own) {
+            Ok(msg) => return msg,
+            Err(pieces) => pieces,
+        };
         let staging = shared.staging.get();
         let dst = &mut *self.dst;
         let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
