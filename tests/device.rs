@@ -682,3 +682,64 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
         eprintln!("{T}: {READS} reads in {took:?} while the stream was held");
     }
 }
+
+/// Small cached reads into memory used on the legacy default stream (torch's and cupy's
+/// default): served on the polling thread through gpuio's side stream, in the legacy stream's
+/// order both ways. Behind a kernel holding the legacy stream, a pattern is written over the
+/// memory, then the reads, then the first read's range is zeroed: the reads must land after
+/// the pattern (or it would overwrite them) and before the zeroing (or they would overwrite
+/// it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_reads_on_the_legacy_stream_keep_its_order() {
+    const T: &str = "small_reads_on_the_legacy_stream_keep_its_order";
+    let Some(ctx) = gpu(T) else {
+        return;
+    };
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "legacy", 4 << 20, 47);
+    let engine = Engine::new().unwrap();
+    let f = engine.open(&path).unwrap();
+    let legacy = ctx.default_stream();
+    assert!(
+        legacy.cu_stream().is_null(),
+        "cudarc's default stream is the NULL stream"
+    );
+    let mut spinner = Spinner::new(&legacy);
+    const READS: usize = 64;
+    const LEN: usize = 8192;
+    let mut whole = legacy.alloc_zeros::<u8>(READS * LEN).unwrap();
+    spinner.hold(&legacy, 300_000_000);
+    legacy
+        .memcpy_htod(&vec![0xABu8; READS * LEN], &mut whole)
+        .unwrap();
+    let before = engine.cached_reads();
+    let mut want = Vec::new();
+    for i in 0..READS {
+        let off = (i * 7919 * 64) % (data.len() - LEN);
+        let mut view = whole.slice_mut(i * LEN..(i + 1) * LEN);
+        assert_eq!(f.read_into(&mut view, off as u64).await.unwrap(), LEN);
+        want.push(off);
+    }
+    let served = engine.cached_reads() - before;
+    legacy.memset_zeros(&mut whole.slice_mut(0..LEN)).unwrap();
+    legacy.synchronize().unwrap();
+    let got = d2h(&legacy, &whole);
+    assert!(
+        got[..LEN].iter().all(|&b| b == 0),
+        "a read landed after the zeroing"
+    );
+    for (i, &off) in want.iter().enumerate().skip(1) {
+        let at = i * LEN;
+        assert!(
+            got[at..at + LEN] == data[off..off + LEN],
+            "read {i}: {} bytes differ (the pattern written before it overwrote it?)",
+            differing(&got[at..at + LEN], &data[off..off + LEN])
+        );
+    }
+    if served == 0 {
+        skipped(format!(
+            "{T}: no read was served on the polling thread (no batched copy call, or \
+             RWF_NOWAIT refused); the reactor's path kept the order instead"
+        ));
+    }
+}

@@ -424,6 +424,7 @@ async fn measure(
                             Arc::ptr_eq(s.context(), ctx)
                         });
                 let stream = match mine {
+                    _ if a.default_stream => ctx.default_stream(),
                     Some(s) if a.one_stream => Arc::clone(s),
                     _ => ctx
                         .new_stream()

@@ -98,9 +98,13 @@ static STAGED_BROKEN: AtomicBool = AtomicBool::new(false);
 /// promises that (a plain asynchronous copy from pageable memory "might" be synchronous, no
 /// more), and it takes no NULL, legacy or per-thread stream.
 pub(crate) fn staged_ok(raw: CUstream) -> bool {
-    batchable(raw)
-        && !STAGED_BROKEN.load(Ordering::Relaxed)
-        && memops().is_ok_and(|o| o.has_batch())
+    batchable(raw) && staged_available()
+}
+
+/// Whether the driver has the batched call staged copies need and has not refused it: on
+/// the streams [`staged_ok`] refuses, they can still go through `side::queue_in_order`.
+pub(crate) fn staged_available() -> bool {
+    !STAGED_BROKEN.load(Ordering::Relaxed) && memops().is_ok_and(|o| o.has_batch())
 }
 
 /// Queues `copies`, every source in pageable host memory, on `raw`, and returns once the

@@ -69,6 +69,8 @@ pub(crate) mod memops;
 pub mod peer;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;
+#[cfg(feature = "cuda")]
+pub(crate) mod side;
 
 #[cfg(feature = "cuda")]
 pub use cudarc;

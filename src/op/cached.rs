@@ -15,10 +15,12 @@
 //! pageable source is free when the call returns; a plain asynchronous copy "might" be
 //! synchronous, no more), so the buffer is free for the next read at once: no bounce slot, no
 //! event, no reactor, no wake. What is left is queued on the stream in front of cudarc's write
-//! event, as every copy a read's future issues is. Where that call is missing (drivers before
-//! CUDA 12.8), the stream is the NULL, legacy or per-thread one, the stream is being captured
-//! into a graph, or the engine lends device leases (whose streams wait on the reactor), small
-//! device reads go through the reactor. The copy call may wait while the driver's own staging
+//! event, as every copy a read's future issues is. That call takes no NULL or legacy stream:
+//! for memory used there (torch's and cupy's default stream), the copy goes on a side stream
+//! of gpuio's ordered with the legacy one by two events (`cuda::side`). Where the call is
+//! missing (drivers before CUDA 12.8), the stream is the per-thread default one, the stream is
+//! being captured into a graph, or the engine lends device leases (whose streams wait on the
+//! reactor), small device reads go through the reactor. The copy call may wait while the driver's own staging
 //! memory is full of earlier copies queued behind long work on the same stream: bounded by
 //! that work, and the one way this path can hold the polling thread longer than a copy.
 

@@ -26,6 +26,7 @@ use super::{OpShared, ReadyPiece};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
+use crate::cuda::side;
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
 /// `gpuio bench`: how many copies one driver call carried).
@@ -146,14 +147,19 @@ impl CopyCombiner {
                 .bind_to_thread()
                 .map_err(|e| format!("binding the context: {e}"))
                 .and_then(|()| {
-                    // SAFETY: `stream` is the destination's live stream, its context bound
-                    // above, accepted by `staged_ok` when this poll's first read was staged;
-                    // every source lies in the stage, pageable memory of our own mapping that
-                    // `queue_staged` has read when it returns (nothing writes it meanwhile:
-                    // the lock is held); every destination lies inside its read's range of
-                    // the batch's destination, which the batch holds exclusively and whose
-                    // runs are disjoint.
-                    unsafe { copylist::queue_staged(stream.cu_stream(), &st.copies) }
+                    // In the destination stream's order: on it, or on the side stream for
+                    // the legacy one (`stageable` accepted it when this poll's first read
+                    // was staged).
+                    side::queue_in_order(stream, |raw| {
+                        // SAFETY: `raw` is a live stream of the context bound above, one
+                        // `staged_ok` accepts (the destination's, or the side stream); every
+                        // source lies in the stage, pageable memory of our own mapping that
+                        // `queue_staged` has read when it returns (nothing writes it
+                        // meanwhile: the lock is held); every destination lies inside its
+                        // read's range of the batch's destination, which the batch holds
+                        // exclusively and whose runs are disjoint.
+                        unsafe { copylist::queue_staged(raw, &st.copies) }
+                    })
                 })
         };
         st.copies.clear();

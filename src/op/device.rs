@@ -15,6 +15,7 @@ use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::memops::is_capturing;
+use crate::cuda::side;
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
 
@@ -132,11 +133,15 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) combine: Option<Combine>,
 }
 
-/// Whether small reads may stage their bytes in pageable memory and copy them on `stream`
-/// (`op::cached`): the driver reads such a source during the copy call, and the stream is not
-/// being captured into a graph (a captured copy would read the stage when the graph runs).
+/// Whether small reads may stage their bytes in pageable memory and copy them in `stream`'s
+/// order (`op::cached`): the driver reads such a source during the copy call, which it takes
+/// on `stream` or, for the NULL and legacy streams, on gpuio's side stream
+/// (`cuda::side`); and the stream is not being captured into a graph (a captured copy would
+/// read the stage when the graph runs).
 pub(super) fn stageable(stream: &CudaStream) -> bool {
-    if stream.context().bind_to_thread().is_err() || !copylist::staged_ok(stream.cu_stream()) {
+    let accepted = copylist::staged_ok(stream.cu_stream())
+        || (side::needs_side(stream) && copylist::staged_available());
+    if !accepted || stream.context().bind_to_thread().is_err() {
         return false;
     }
     // SAFETY: `stream` is a live stream (we hold it) of the context bound just above.
@@ -203,12 +208,14 @@ impl DeviceCopyOut<'_> {
             n,
             direct: false,
         };
-        // SAFETY: `stream` is live, its context bound and accepted by `staged_ok`
-        // (`stageable`); the source is the caller's stage, pageable memory of our own mapping
-        // that `queue_staged` has read when it returns; the destination [dptr, dptr + n) lies
-        // inside the device buffer (n is at most its length), whose pointer cudarc gave us
-        // for writing on `stream`.
-        let queued = unsafe { copylist::queue_staged(stream.cu_stream(), &[copy]) };
+        let queued = side::queue_in_order(stream, |raw| {
+            // SAFETY: `raw` is a live stream of the context `stageable` bound, one `staged_ok`
+            // accepts (`stream`, or the side stream ordered with it); the source is the
+            // caller's stage, pageable memory of our own mapping that `queue_staged` has read
+            // when it returns; the destination [dptr, dptr + n) lies inside the device buffer
+            // (n is at most its length), whose pointer cudarc gave us for writing on `stream`.
+            unsafe { copylist::queue_staged(raw, &[copy]) }
+        });
         drop(write_guard);
         queued.map_err(|e| fail("copying into device memory", &e))?;
         if stream.cu_stream() != own.cu_stream() {
@@ -254,14 +261,17 @@ impl DeviceCopyOut<'_> {
         if read_copies(&pieces, arena, None, dptr, offset, len, &mut copies).is_err() {
             return Err(pieces);
         }
-        // SAFETY: `stream` is live, its context bound and accepted by `staged_ok`
-        // (`stageable`); each source lies in a host bounce slot this future holds until the
-        // Release below, which `queue_staged` has finished reading when it returns (however it
-        // returns, unless the stream's synchronisation itself failed: then the slots are
-        // abandoned below); each destination lies inside the device buffer (`read_copies`
-        // clips to `len`), whose pointer cudarc gave us for writing on `stream`, and an op's
-        // pieces cover disjoint ranges.
-        let queued = unsafe { copylist::queue_staged(stream.cu_stream(), &copies) };
+        let queued = side::queue_in_order(&stream, |raw| {
+            // SAFETY: `raw` is a live stream of the context `stageable` bound, one `staged_ok`
+            // accepts (`stream`, or the side stream ordered with it); each source lies in a
+            // host bounce slot this future holds until the Release below, which
+            // `queue_staged` has finished reading when it returns (however it returns, unless
+            // a stream's synchronisation itself failed: then the slots are abandoned below);
+            // each destination lies inside the device buffer (`read_copies` clips to `len`),
+            // whose pointer cudarc gave us for writing on `stream`, and an op's pieces cover
+            // disjoint ranges.
+            unsafe { copylist::queue_staged(raw, &copies) }
+        });
         // cudarc's write event, behind the copies, before the caller can act again.
         drop(write_guard);
         let ordered = match &queued {

@@ -224,6 +224,10 @@ pub struct BenchArgs {
     /// stream) instead of a stream per task.
     #[arg(long)]
     pub(crate) one_stream: bool,
+    /// Every task's device buffer on the GPU's legacy default stream (where Python code on
+    /// torch's or cupy's default stream has its memory).
+    #[arg(long, conflicts_with = "one_stream")]
+    pub(crate) default_stream: bool,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long, conflicts_with = "async_copy_min")]
     pub(crate) inline_copies: bool,

@@ -1,0 +1,118 @@
+//! A stream of gpuio's own per context, for staged copies (`copylist::queue_staged`) into
+//! memory used on the NULL or legacy default stream, which the batched call those copies need
+//! does not take. torch's and cupy's default stream is the legacy one, so this is what Python
+//! code gets unless it names a stream.
+//!
+//! The copies go on the side stream between two events: the side stream first waits for an
+//! event the caller's stream records (so the copies follow everything queued there before),
+//! and the caller's stream then waits for an event recorded behind the copies (so everything
+//! queued there afterwards follows them, a stream-ordered free included). That is the order
+//! the copies would have had on the caller's stream itself. The side stream is non-blocking,
+//! so the legacy stream's implicit synchronisation never involves it; only the two events
+//! order it.
+//!
+//! Side streams, like the event pool's events, keep their context retained for the process's
+//! life; one whose use fails (a context reset) is forgotten, and the next copy makes another.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
+
+/// One context's side stream.
+struct SideStream {
+    /// Keeps the context, and so the stream, alive.
+    _ctx: Arc<CudaContext>,
+    raw: sys::CUstream,
+}
+
+// SAFETY: the handle is only passed to the driver, whose API is thread-safe; the context it
+// belongs to is kept alive with it.
+unsafe impl Send for SideStream {}
+// SAFETY: as above.
+unsafe impl Sync for SideStream {}
+
+static SIDES: Mutex<Vec<(usize, Arc<SideStream>)>> = Mutex::new(Vec::new());
+
+/// Whether staged copies on `stream` go through the side stream: the NULL handle and the
+/// legacy default stream (`CU_STREAM_LEGACY`). The per-thread default stream is not taken:
+/// its handle means a different stream on each thread.
+pub(crate) fn needs_side(stream: &CudaStream) -> bool {
+    matches!(stream.cu_stream() as usize, 0 | 1)
+}
+
+/// `ctx`'s side stream, made on first use. `ctx` must be current on this thread.
+fn side_of(ctx: &Arc<CudaContext>) -> Result<Arc<SideStream>, String> {
+    let key = ctx.cu_ctx() as usize;
+    let mut sides = SIDES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, s)) = sides.iter().find(|(k, _)| *k == key) {
+        return Ok(s.clone());
+    }
+    let mut raw: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: `raw` is a valid out-pointer; the context is current (the caller's promise).
+    let rc = unsafe {
+        sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("creating gpuio's side stream: {rc:?}"));
+    }
+    let side = Arc::new(SideStream {
+        _ctx: ctx.clone(),
+        raw,
+    });
+    sides.push((key, side.clone()));
+    Ok(side)
+}
+
+fn forget(ctx: &CudaContext) {
+    let key = ctx.cu_ctx() as usize;
+    SIDES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(k, _)| *k != key);
+}
+
+/// Runs `queue(raw)`, which queues staged copies on stream `raw`, in `stream`'s order: on
+/// `stream` itself, or for the NULL and legacy streams ([`needs_side`]) on the context's side
+/// stream between two events (see the module docs). `stream`'s context must be current on
+/// this thread. Like `queue_staged`, the copies' sources are free when this returns, however
+/// it returns; on an error after the copies were queued, they have also finished.
+pub(crate) fn queue_in_order(
+    stream: &CudaStream,
+    queue: impl FnOnce(sys::CUstream) -> Result<(), String>,
+) -> Result<(), String> {
+    if !needs_side(stream) {
+        return queue(stream.cu_stream());
+    }
+    let ctx = stream.context();
+    let side = side_of(ctx)?;
+    let fail = |what: &str, e: &dyn std::fmt::Debug| {
+        forget(ctx);
+        format!("{what}: {e:?}")
+    };
+    let before = ctx
+        .new_event(None)
+        .and_then(|ev| ev.record(stream).map(|()| ev))
+        .map_err(|e| fail("recording an event on the legacy stream", &e))?;
+    // SAFETY: the side stream and the event are live handles of the current context.
+    let rc = unsafe { sys::cuStreamWaitEvent(side.raw, before.cu_event(), 0) };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(fail(
+            "ordering the side stream after the legacy stream",
+            &rc,
+        ));
+    }
+    queue(side.raw)?;
+    let after = ctx.new_event(None).and_then(|ev| {
+        // SAFETY: as above.
+        unsafe { sys::cuEventRecord(ev.cu_event(), side.raw) }.result()?;
+        stream.wait(&ev)
+    });
+    if let Err(e) = after {
+        // The caller's stream is not ordered after the copies: let them finish before the
+        // caller can reuse or free the memory.
+        // SAFETY: the side stream is a live handle of the current context.
+        let _ = unsafe { sys::cuStreamSynchronize(side.raw) };
+        return Err(fail("ordering the legacy stream after the copies", &e));
+    }
+    Ok(())
+}
