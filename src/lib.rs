@@ -81,6 +81,9 @@ pub use error::{Context, Error, OpKind, Result};
 pub use file::StreamIo;
 pub use file::{File, OpenOptions};
 pub use op::cached::CACHED_READ_MAX;
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use op::device::small_reads_released_early;
 pub use op::read::ReadInto;
 #[cfg(feature = "cuda")]
 pub use op::sync::StreamSync;

@@ -645,7 +645,7 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
     const LEN: usize = 4096;
     let hold = Duration::from_secs(2);
     let mut whole = stream.alloc_zeros::<u8>(READS * LEN).unwrap();
-    let before = gpuio::cuda::small_reads_released_early();
+    let before = gpuio::small_reads_released_early();
     spinner.hold(&stream, hold.as_nanos() as u64);
     let t0 = std::time::Instant::now();
     let mut rng = fastrand::Rng::with_seed(17);
@@ -657,7 +657,7 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
         want.push((i * LEN, off));
     }
     let took = t0.elapsed();
-    let early = gpuio::cuda::small_reads_released_early() - before;
+    let early = gpuio::small_reads_released_early() - before;
     stream.synchronize().unwrap();
     let got = d2h(&stream, &whole);
     for &(at, off) in &want {

@@ -126,15 +126,6 @@ pub fn lease_boards_made() -> usize {
     lease::BOARDS_MADE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// How many small reads into device memory so far handed their bounce slots back as soon as
-/// their copies were queued (the driver had read the slots during the call), process-wide:
-/// for tests.
-#[cfg(feature = "cuda")]
-#[doc(hidden)]
-pub fn small_reads_released_early() -> u64 {
-    crate::op::device::SMALL_RELEASED_EARLY.load(std::sync::atomic::Ordering::Relaxed)
-}
-
 /// Whether a usable CUDA device exists (cached; cheap after the first call).
 pub fn available() -> bool {
     #[cfg(feature = "cuda")]

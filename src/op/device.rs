@@ -21,8 +21,15 @@ use crate::error::{Context, Error, OpKind};
 
 /// Small reads whose slots went back to the reactor as soon as their copies were queued
 /// ([`DeviceCopyOut::copy_small`]), process-wide: for tests.
-pub(crate) static SMALL_RELEASED_EARLY: std::sync::atomic::AtomicU64 =
-    std::sync::atomic::AtomicU64::new(0);
+static SMALL_RELEASED_EARLY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many small reads into device memory so far handed their bounce slots back as soon as
+/// their copies were queued (the driver had read the slots during the call), process-wide:
+/// for tests.
+#[doc(hidden)]
+pub fn small_reads_released_early() -> u64 {
+    SMALL_RELEASED_EARLY.load(std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
 /// binds the context, makes sure the pool is pinned, runs `issue(stream)`, and records the
