@@ -12,7 +12,8 @@
 //! order it.
 //!
 //! Side streams, like the event pool's events, keep their context retained for the process's
-//! life; one whose use fails (a context reset) is forgotten, and the next copy makes another.
+//! life; one whose use fails (a context reset) is forgotten, not destroyed (its handle may name
+//! another stream by then), and the next copy makes another.
 
 use std::sync::{Arc, Mutex};
 
@@ -63,12 +64,33 @@ fn side_of(ctx: &Arc<CudaContext>) -> Result<Arc<SideStream>, String> {
     Ok(side)
 }
 
+/// Drops `ctx`'s side stream from the map after a call on it failed (the context was reset,
+/// most likely). The stream itself is not destroyed: after a reset its handle may already
+/// name another stream.
 fn forget(ctx: &CudaContext) {
     let key = ctx.cu_ctx() as usize;
     SIDES
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .retain(|(k, _)| *k != key);
+}
+
+/// Why [`queue_in_order`] failed.
+#[derive(Debug)]
+pub(crate) enum StagedError {
+    /// Before anything was queued (the side stream or its first event could not be had): the
+    /// caller may still copy another way.
+    NotQueued(String),
+    /// Copies may have been queued; their sources are free all the same.
+    Failed(String),
+}
+
+impl std::fmt::Display for StagedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StagedError::NotQueued(why) | StagedError::Failed(why) => f.write_str(why),
+        }
+    }
 }
 
 /// Runs `queue(raw)`, which queues staged copies on stream `raw`, in `stream`'s order: on
@@ -79,29 +101,27 @@ fn forget(ctx: &CudaContext) {
 pub(crate) fn queue_in_order(
     stream: &CudaStream,
     queue: impl FnOnce(sys::CUstream) -> Result<(), String>,
-) -> Result<(), String> {
+) -> Result<(), StagedError> {
     if !needs_side(stream) {
-        return queue(stream.cu_stream());
+        return queue(stream.cu_stream()).map_err(StagedError::Failed);
     }
     let ctx = stream.context();
-    let side = side_of(ctx)?;
-    let fail = |what: &str, e: &dyn std::fmt::Debug| {
-        forget(ctx);
-        format!("{what}: {e:?}")
-    };
+    let side = side_of(ctx).map_err(StagedError::NotQueued)?;
     let before = ctx
         .new_event(None)
         .and_then(|ev| ev.record(stream).map(|()| ev))
-        .map_err(|e| fail("recording an event on the legacy stream", &e))?;
+        .map_err(|e| {
+            StagedError::NotQueued(format!("recording an event on the legacy stream: {e:?}"))
+        })?;
     // SAFETY: the side stream and the event are live handles of the current context.
     let rc = unsafe { sys::cuStreamWaitEvent(side.raw, before.cu_event(), 0) };
     if rc != sys::CUresult::CUDA_SUCCESS {
-        return Err(fail(
-            "ordering the side stream after the legacy stream",
-            &rc,
-        ));
+        forget(ctx);
+        return Err(StagedError::NotQueued(format!(
+            "ordering the side stream after the legacy stream: {rc:?}"
+        )));
     }
-    queue(side.raw)?;
+    queue(side.raw).map_err(StagedError::Failed)?;
     let after = ctx.new_event(None).and_then(|ev| {
         // SAFETY: as above.
         unsafe { sys::cuEventRecord(ev.cu_event(), side.raw) }.result()?;
@@ -112,7 +132,10 @@ pub(crate) fn queue_in_order(
         // caller can reuse or free the memory.
         // SAFETY: the side stream is a live handle of the current context.
         let _ = unsafe { sys::cuStreamSynchronize(side.raw) };
-        return Err(fail("ordering the legacy stream after the copies", &e));
+        forget(ctx);
+        return Err(StagedError::Failed(format!(
+            "ordering the legacy stream after the copies: {e:?}"
+        )));
     }
     Ok(())
 }

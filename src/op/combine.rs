@@ -160,6 +160,7 @@ impl CopyCombiner {
                         // exclusively and whose runs are disjoint.
                         unsafe { copylist::queue_staged(raw, &st.copies) }
                     })
+                    .map_err(|e| e.to_string())
                 })
         };
         st.copies.clear();

@@ -180,21 +180,26 @@ impl DeviceCopyOut<'_> {
         }
         super::cached::with_stage(|stage| {
             let n = super::cached::try_read(fd, refused, &mut stage.bytes()[..len], self.offset)?;
-            Some(self.copy_staged(stage.addr(), n, &stream, &own).map(|()| n))
+            Some(
+                self.copy_staged(stage.addr(), n, &stream, &own)?
+                    .map(|()| n),
+            )
         })
     }
 
     /// Copies `n` bytes at `src`, in this thread's pageable stage, to the start of the
     /// destination on `stream` (which [`stageable`] accepted), in front of cudarc's write
     /// event; the stage is free again when this returns. When `stream` is not the memory's own,
-    /// the own stream is ordered after the copy (cudarc frees memory there).
+    /// the own stream is ordered after the copy (cudarc frees memory there). `None`: nothing
+    /// was queued (the legacy stream's side stream could not be had); the read goes through
+    /// the reactor instead.
     fn copy_staged(
         &mut self,
         src: u64,
         n: usize,
         stream: &Arc<CudaStream>,
         own: &Arc<CudaStream>,
-    ) -> Result<(), Error> {
+    ) -> Option<Result<(), Error>> {
         let offset = self.offset;
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::cuda_msg(
@@ -205,7 +210,7 @@ impl DeviceCopyOut<'_> {
             )
         };
         if n == 0 {
-            return Ok(());
+            return Some(Ok(()));
         }
         debug_assert!(n <= self.dst.byte_len());
         let (dptr, write_guard) = self.dst.write_ptr(stream);
@@ -224,17 +229,21 @@ impl DeviceCopyOut<'_> {
             unsafe { copylist::queue_staged(raw, &[copy]) }
         });
         drop(write_guard);
-        queued.map_err(|e| fail("copying into device memory", &e))?;
+        match queued {
+            Err(side::StagedError::NotQueued(_)) => return None,
+            Err(e) => return Some(Err(fail("copying into device memory", &e))),
+            Ok(()) => {}
+        }
         if stream.cu_stream() != own.cu_stream() {
             let ordered = stream.record_event(None).and_then(|ev| own.wait(&ev));
             if let Err(e) = ordered {
                 // The memory's own stream could free it ahead of the copy: let the copy finish
                 // before the caller regains the memory.
                 let _ = stream.synchronize();
-                return Err(fail("ordering the memory's stream after the copy", &e));
+                return Some(Err(fail("ordering the memory's stream after the copy", &e)));
             }
         }
-        Ok(())
+        Some(Ok(()))
     }
 }
 
@@ -281,6 +290,9 @@ impl DeviceCopyOut<'_> {
         });
         // cudarc's write event, behind the copies, before the caller can act again.
         drop(write_guard);
+        if let Err(side::StagedError::NotQueued(_)) = queued {
+            return Err(pieces);
+        }
         let ordered = match &queued {
             Ok(()) if stream.cu_stream() != own.cu_stream() => {
                 stream.record_event(None).and_then(|ev| own.wait(&ev))

@@ -308,6 +308,9 @@ impl SafetensorsFile {
     ) -> Result<Vec<Checkpoint<cudarc::driver::CudaSlice<u8>>>> {
         let read_once = super::replica::read_once(streams, replicas);
         let (plans, copies) = self.plan_ranks(streams.len(), rule, read_once)?;
+        if !copies.is_empty() {
+            super::replica::enable_peers(streams);
+        }
         let ctx = || self.file.ctx(OpKind::Read, 0).with_backend("cuda");
         let mut bufs = plans
             .iter()
