@@ -35,8 +35,18 @@ pub fn enable(a: &Arc<CudaContext>, b: &Arc<CudaContext>) -> Result<(), String> 
     if a.cu_device() == b.cu_device() {
         return Ok(());
     }
-    one_way(a, b)?;
-    one_way(b, a)
+    // Each direction makes its context current; the caller's current context (which the
+    // runtime API, torch's included, reads as the current device) is put back after.
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: `current` is a valid out-pointer.
+    let had = unsafe { sys::cuCtxGetCurrent(&mut current) } == sys::CUresult::CUDA_SUCCESS;
+    let enabled = one_way(a, b).and_then(|()| one_way(b, a));
+    if had {
+        // SAFETY: `current` was this thread's current context a moment ago (or null, which
+        // unbinds); the caller holds whatever keeps it alive.
+        unsafe { sys::cuCtxSetCurrent(current) };
+    }
+    enabled
 }
 
 /// `from` may access `to`'s memory.
