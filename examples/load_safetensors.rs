@@ -5,11 +5,15 @@
 //!     cargo run --release --example load_safetensors -- --make OUT.safetensors SIZE_MIB
 //!
 //!     cargo run --release --example load_safetensors -- MODEL.safetensors --gpus 2 [--replicas once|each]
+//!     cargo run --release --example load_safetensors -- MODEL.safetensors --gpus 2 --tp
 //!
 //! With PREFIX only tensors whose names start with it are loaded. `--gpus N` loads the whole
 //! checkpoint onto each of GPUs 0..N (replicated, as tensor-parallel ranks hold norms and
 //! embeddings): read once and copied GPU to GPU where the GPUs reach each other directly, or
-//! as `--replicas` says; `--repeat K` loads it K times in one process. `--make` writes a synthetic
+//! as `--replicas` says; `--repeat K` loads it K times in one process. With `--tp` the GPUs are
+//! the ranks of a tensor-parallel group instead: weights whose name has `out` split along
+//! dimension 1 (row-parallel: one short read per row), other 2-D weights along dimension 0
+//! (column-parallel: one contiguous range), 1-D tensors replicated. `--make` writes a synthetic
 //! checkpoint of about SIZE_MIB (layers of f32/bf16/f16/i64 tensors) to measure with. Without a
 //! GPU the checkpoint goes to host memory, and the example says so. Every loaded tensor's
 //! checksum is compared with the file's bytes read by `std::fs` (`--no-verify` skips that).
@@ -62,9 +66,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let st = SafetensorsFile::open(&engine, path).await?;
     let header = start.elapsed();
     let keep = |name: &str| name.starts_with(prefix);
-    if gpus > 1 || flag("--repeat").is_some() {
+    let tp = args.iter().any(|a| a == "--tp");
+    if gpus > 1 || tp || flag("--repeat").is_some() {
         let repeat: usize = flag("--repeat").map_or(Ok(1), |v| v.parse())?;
-        return replicated(&engine, &st, gpus, replicas, verify, repeat).await;
+        return ranked(&engine, &st, gpus, tp, replicas, verify, repeat).await;
     }
     let (loaded, tensors, where_, bytes_of) = match gpuio::cuda::context(0) {
         Ok(ctx) => {
@@ -136,11 +141,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The whole checkpoint onto each of GPUs `0..gpus`; checks every copy against the file.
-async fn replicated(
+/// Where each tensor goes under `--tp` (see the module docs).
+fn tp_rule(t: &gpuio::safetensors::FileTensor) -> Option<Shard> {
+    Some(match t.shape.len() {
+        2 if t.name.contains("out") => Shard::Split(1),
+        2 => Shard::Split(0),
+        _ => Shard::Replicate,
+    })
+}
+
+/// The bytes rank `rank` of `ranks` should hold for `t` under `shard`.
+fn expected(
+    data: &[u8],
+    t: &gpuio::safetensors::FileTensor,
+    shard: Shard,
+    rank: usize,
+    ranks: usize,
+) -> Vec<u8> {
+    let whole = &data[t.file_range.start as usize..t.file_range.end as usize];
+    let Shard::Split(d) = shard else {
+        return whole.to_vec();
+    };
+    let outer: usize = t.shape[..d].iter().product();
+    let inner = t.shape[d + 1..].iter().product::<usize>() * t.dtype.bitsize() / 8;
+    let part = t.shape[d] / ranks;
+    (0..outer)
+        .flat_map(|o| {
+            let at = (o * t.shape[d] + rank * part) * inner;
+            whole[at..at + part * inner].to_vec()
+        })
+        .collect()
+}
+
+/// The checkpoint onto GPUs `0..gpus` as ranks: whole on each, or split (`tp`); checks every
+/// rank's tensors against the file.
+async fn ranked(
     engine: &Engine,
     st: &SafetensorsFile,
     gpus: usize,
+    tp: bool,
     replicas: Replicas,
     verify: bool,
     repeat: usize,
@@ -148,6 +187,13 @@ async fn replicated(
     let streams = (0..gpus)
         .map(|g| Ok(gpuio::cuda::context(g)?.new_stream()?))
         .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
+    let rule = |t: &gpuio::safetensors::FileTensor| {
+        if tp {
+            tp_rule(t)
+        } else {
+            Some(Shard::Replicate)
+        }
+    };
     // Later loads in one process skip one-time costs (peer access, the pools' first growth):
     // each load's time is printed, the last one's in the summary.
     let mut secs = 0.0;
@@ -155,9 +201,7 @@ async fn replicated(
     for i in 0..repeat.max(1) {
         drop(ranks);
         let t0 = Instant::now();
-        ranks = st
-            .load_shards_device_with(&streams, |_| Some(Shard::Replicate), replicas)
-            .await?;
+        ranks = st.load_shards_device_with(&streams, rule, replicas).await?;
         for s in &streams {
             engine.synchronize(s).await?;
         }
@@ -170,21 +214,30 @@ async fn replicated(
         let data = std::fs::read(st.file().path())?;
         for (g, ck) in ranks.iter().enumerate() {
             let host = streams[g].clone_dtoh(ck.buffer())?;
-            for t in ck.tensors() {
-                let at = t.file_range.start as usize;
-                if host[t.buffer_range.clone()] != data[at..at + t.byte_len()] {
+            for ft in st.tensors() {
+                let (Some(t), Some(shard)) = (ck.tensor(&ft.name), rule(ft)) else {
+                    continue;
+                };
+                if host[t.buffer_range.clone()] != expected(&data, ft, shard, g, gpus)[..] {
                     return Err(format!("GPU {g}: tensor {} differs from the file", t.name).into());
                 }
             }
         }
         println!("verified every tensor on {gpus} GPUs against the file");
     }
-    let bytes: u64 = ranks[0].tensors().iter().map(|t| t.byte_len() as u64).sum();
+    let bytes: u64 = ranks
+        .iter()
+        .flat_map(|r| r.tensors())
+        .map(|t| t.byte_len() as u64)
+        .sum();
+    let file_bytes: u64 = st.tensors().iter().map(|t| t.byte_len() as u64).sum();
+    let how = if tp { "split over" } else { "replicated onto" };
     println!(
-        "replicated {} tensors, {:.3} GiB onto {gpus} GPU(s) ({replicas:?}) in {secs:.3} s: {:.2} GB/s per GPU",
-        ranks[0].tensors().len(),
+        "{how} {gpus} GPU(s) ({replicas:?}): {} tensors, {:.3} GiB of the file, {:.3} GiB landed, in {secs:.3} s: {:.2} GB/s of the file",
+        st.tensors().len(),
+        file_bytes as f64 / (1u64 << 30) as f64,
         bytes as f64 / (1u64 << 30) as f64,
-        bytes as f64 / secs / 1e9
+        file_bytes as f64 / secs / 1e9
     );
     Ok(())
 }
