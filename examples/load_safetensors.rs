@@ -12,8 +12,9 @@
 //! embeddings): read once and copied GPU to GPU where the GPUs reach each other directly, or
 //! as `--replicas` says; `--repeat K` loads it K times in one process. With `--tp` the GPUs are
 //! the ranks of a tensor-parallel group instead: weights whose name has `out` split along
-//! dimension 1 (row-parallel: one short read per row), other 2-D weights along dimension 0
-//! (column-parallel: one contiguous range), 1-D tensors replicated. `--make` writes a synthetic
+//! dimension 1 (row-parallel: rows of a few KiB each), other 2-D weights along dimension 0
+//! (column-parallel: one contiguous range), 1-D tensors replicated. With more ranks than GPUs,
+//! rank r goes on GPU r mod the GPUs there are. `--make` writes a synthetic
 //! checkpoint of about SIZE_MIB (layers of f32/bf16/f16/i64 tensors) to measure with. Without a
 //! GPU the checkpoint goes to host memory, and the example says so. Every loaded tensor's
 //! checksum is compared with the file's bytes read by `std::fs` (`--no-verify` skips that).
@@ -184,8 +185,10 @@ async fn ranked(
     verify: bool,
     repeat: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    // More ranks than GPUs: rank r on GPU r mod the GPUs there are, each on its own stream.
+    let have = gpuio::cuda::probe().devices.len().max(1);
     let streams = (0..gpus)
-        .map(|g| Ok(gpuio::cuda::context(g)?.new_stream()?))
+        .map(|g| Ok(gpuio::cuda::context(g % have)?.new_stream()?))
         .collect::<Result<Vec<_>, Box<dyn std::error::Error>>>()?;
     let rule = |t: &gpuio::safetensors::FileTensor| {
         if tp {
