@@ -24,6 +24,11 @@
 //! `cuMemcpyBatchAsync` whose sources the driver reads during the call (see below), so the
 //! slots go back to the reactor straight away instead of behind an event.
 //!
+//! Memory used on the NULL or legacy default stream is the one exception to "on the
+//! destination's stream" for these staged copies (the batched call takes no such stream):
+//! they go on a side stream of gpuio's that first waits for an event the legacy stream records
+//! and then records one the legacy stream waits for (`side`), which is the same order.
+//!
 //! A batch of reads into one device buffer (`BatchPlan::read_into`) issues the copies of all
 //! its reads together, from the batch future's own `poll` (`op::combine`): every piece that
 //! landed since the last poll, in one batched driver call on the buffer's stream, behind one
