@@ -367,6 +367,8 @@ impl File {
                     error: None,
                     lease: None,
                     combine: None,
+                    // As for the page-cache fast path below: not while the engine lends leases.
+                    small_staged: self.engine.shared().lease_min.is_none(),
                 })
             }
         };

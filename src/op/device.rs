@@ -138,6 +138,10 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) lease: Option<Arc<crate::cuda::lease::DeviceLease>>,
     /// Hand the pieces to a batch that copies them with its other reads' (`op::combine`).
     pub(crate) combine: Option<Combine>,
+    /// Whether small reads may copy out of their slots in a call that reads them before it
+    /// returns ([`copy_small`](Self::copy_small)): not on engines that lend device leases,
+    /// whose streams wait on the reactor (a copy queued from `poll` could wait with them).
+    pub(crate) small_staged: bool,
 }
 
 /// Whether small reads may stage their bytes in pageable memory and copy them in `stream`'s
@@ -263,7 +267,10 @@ impl DeviceCopyOut<'_> {
         own: &Arc<CudaStream>,
     ) -> Result<Option<Msg>, Vec<ReadyPiece>> {
         let (offset, len) = (self.offset, self.dst.byte_len());
-        if len > super::cached::CACHED_READ_MAX || pieces.iter().any(|p| p.slot.on_device) {
+        if !self.small_staged
+            || len > super::cached::CACHED_READ_MAX
+            || pieces.iter().any(|p| p.slot.on_device)
+        {
             return Err(pieces);
         }
         let stream = self.stream.clone().unwrap_or_else(|| own.clone());
