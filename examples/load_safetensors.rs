@@ -68,6 +68,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let header = start.elapsed();
     let keep = |name: &str| name.starts_with(prefix);
     let tp = args.iter().any(|a| a == "--tp");
+    if tp && gpuio::cuda::context(0).is_err() {
+        return host_tp(&st, gpus, verify).await;
+    }
     if gpus > 1 || tp || flag("--repeat").is_some() {
         let repeat: usize = flag("--repeat").map_or(Ok(1), |v| v.parse())?;
         return ranked(&engine, &st, gpus, tp, replicas, verify, repeat).await;
@@ -149,6 +152,41 @@ fn tp_rule(t: &gpuio::safetensors::FileTensor) -> Option<Shard> {
         2 => Shard::Split(0),
         _ => Shard::Replicate,
     })
+}
+
+/// `--tp` without a GPU: the ranks' shards into host memory.
+async fn host_tp(
+    st: &SafetensorsFile,
+    ranks: usize,
+    verify: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    println!("no GPU: {ranks} ranks in host memory");
+    let t0 = Instant::now();
+    let loaded = st.load_shards_host(ranks, tp_rule).await?;
+    let secs = t0.elapsed().as_secs_f64();
+    if verify {
+        let data = std::fs::read(st.file().path())?;
+        for (r, ck) in loaded.iter().enumerate() {
+            for ft in st.tensors() {
+                let (Some(shard), Ok(got)) = (tp_rule(ft), ck.bytes(&ft.name)) else {
+                    continue;
+                };
+                if got != &expected(&data, ft, shard, r, ranks)[..] {
+                    return Err(
+                        format!("rank {r}: tensor {} differs from the file", ft.name).into(),
+                    );
+                }
+            }
+        }
+        println!("verified every rank's tensors against the file");
+    }
+    let file_bytes: u64 = st.tensors().iter().map(|t| t.byte_len() as u64).sum();
+    println!(
+        "split over {ranks} host ranks: {:.3} GiB of the file in {secs:.3} s: {:.2} GB/s of the file",
+        file_bytes as f64 / (1u64 << 30) as f64,
+        file_bytes as f64 / secs / 1e9
+    );
+    Ok(())
 }
 
 /// The bytes rank `rank` of `ranks` should hold for `t` under `shard`.
