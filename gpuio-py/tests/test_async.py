@@ -100,9 +100,10 @@ def test_cancel_stops_and_releases_the_buffer(engine, tmpdir_path):
     size = 128 << 20
     with open(path, "wb") as g:
         g.truncate(size)
-    # Slow on purpose (one 64 KiB piece at a time, about 0.4 s here): the cancellation
-    # lands while the read is far from done, however loaded the machine.
-    slow = gpuio.Engine(backend="pread", queue_depth=1, pread_threads=1, chunk_size=64 << 10)
+    # Slow on purpose (one 4 KiB piece at a time, 32 768 of them: seconds): the cancellation
+    # lands while the read is far from done, however loaded the machine. (With 64 KiB pieces,
+    # about 0.4 s, a loaded CI machine once let the whole read finish first.)
+    slow = gpuio.Engine(backend="pread", queue_depth=1, pread_threads=1, chunk_size=4 << 10)
     f = slow.open(path)
     base = np.full(size, 0xAB, dtype=np.uint8)
 
