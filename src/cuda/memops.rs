@@ -232,3 +232,67 @@ pub(crate) unsafe fn is_capturing(stream: CUstream) -> Result<bool, String> {
     )?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
+
+/// Queues on `stream` a copy of `rows` rows of `width` bytes each from `src` (rows `pitch`
+/// bytes apart, the first at byte `src_at`) into `dst` at `dst_at`, rows packed: the strided
+/// part of a tensor cut out of the whole tensor. Both buffers must be `stream`'s context's;
+/// the ranges are checked against them, so bad arguments are an error, never a stray write.
+/// cudarc's events order the copy after earlier uses of both buffers and later uses after it.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn copy_rows(
+    stream: &cudarc::driver::CudaStream,
+    dst: &mut cudarc::driver::CudaSlice<u8>,
+    dst_at: usize,
+    src: &cudarc::driver::CudaSlice<u8>,
+    src_at: usize,
+    pitch: usize,
+    width: usize,
+    rows: usize,
+) -> Result<(), String> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    if rows == 0 || width == 0 {
+        return Ok(());
+    }
+    let src_end = (rows - 1)
+        .checked_mul(pitch)
+        .and_then(|n| n.checked_add(src_at))
+        .and_then(|n| n.checked_add(width));
+    let dst_end = rows.checked_mul(width).and_then(|n| n.checked_add(dst_at));
+    if pitch < width
+        || src_end.is_none_or(|e| e > src.len())
+        || dst_end.is_none_or(|e| e > dst.len())
+    {
+        return Err(format!(
+            "a strided copy of {rows} rows of {width} bytes ({pitch} apart) from {src_at} does not \
+             fit its buffers ({} and {} bytes)",
+            src.len(),
+            dst.len()
+        ));
+    }
+    let ctx = stream.context();
+    if src.context().cu_ctx() != ctx.cu_ctx() || dst.context().cu_ctx() != ctx.cu_ctx() {
+        return Err("a strided copy between buffers of another context than its stream's".into());
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| format!("binding the context: {e:?}"))?;
+    let (s, _read) = src.device_ptr(stream);
+    let (d, _write) = dst.device_ptr_mut(stream);
+    // SAFETY: CUDA_MEMCPY2D is plain data; all-zero is a valid (empty) value for every field.
+    let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
+    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.srcDevice = s + src_at as u64;
+    p.srcPitch = pitch;
+    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
+    p.dstDevice = d + dst_at as u64;
+    p.dstPitch = width;
+    p.WidthInBytes = width;
+    p.Height = rows;
+    // SAFETY: the context is current; both ranges were checked to lie inside their device
+    // buffers, which cudarc keeps allocated until the stream has passed this copy (its events,
+    // recorded as the guards drop); the two buffers are distinct allocations (one borrowed
+    // shared, one exclusive), so the ranges do not overlap; the copy is ordered on `stream`.
+    check(
+        unsafe { sys::cuMemcpy2DAsync_v2(&p, stream.cu_stream()) },
+        "cuMemcpy2DAsync",
+    )
+}

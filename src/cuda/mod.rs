@@ -71,6 +71,8 @@ pub(crate) mod lease;
 #[cfg(feature = "cuda")]
 pub(crate) mod memops;
 #[cfg(feature = "cuda")]
+pub(crate) use memops::copy_rows;
+#[cfg(feature = "cuda")]
 pub mod peer;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;

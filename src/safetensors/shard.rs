@@ -10,10 +10,8 @@
 //! columns is `rows` reads of `cols / ranks` elements each). Those reads go in the rank's
 //! batch, so small ones are served from the page cache on the polling thread where the file
 //! is cached, and the rest in parallel through the engine. Narrow column splits of large
-//! weights make many small reads, and they are slow: a 4 GiB checkpoint whose row-parallel
-//! weights split into rows of 1 KiB loads over two GPUs in 1.9 s warm, against 0.11 s whole onto
-//! one (BENCHMARKS.md). Reading each such tensor whole and cutting the part out on the GPU with
-//! one strided copy is built on the `tp-cut` branch, waiting for a GPU run.
+//! weights make many small reads; reading the span once and scattering it would be cheaper
+//! there (not done yet).
 
 use std::ops::Range;
 
@@ -161,6 +159,39 @@ pub struct ReplicaCopy {
 /// Every rank's batch and shards, and the copies between ranks that complete them.
 type ShardPlan = (Vec<(BatchPlan, Vec<Tensor>)>, Vec<ReplicaCopy>);
 
+/// A split part with short rows (shorter than [`CUT_ROW_MAX`]) that its rank cuts out of the
+/// whole tensor, read into the rank's scratch buffer in one piece, instead of reading each
+/// row on its own: `rows` rows of `width` bytes, `pitch` apart from `src` in the scratch,
+/// packed at `dst` in the rank's buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub(crate) rank: usize,
+    pub(crate) src: usize,
+    pub(crate) pitch: usize,
+    pub(crate) width: usize,
+    pub(crate) rows: usize,
+    pub(crate) dst: usize,
+}
+
+/// Rows shorter than this are cut out of the whole tensor on the GPU rather than read one by
+/// one: a read per row costs a system call (and, where the bytes are not cached, an O_DIRECT
+/// request widened to the block size), where reading the whole tensor costs the other ranks'
+/// bytes too. A row-parallel `[4096, 1024]` bf16 weight over two ranks is 4096 rows of 1 KiB.
+const CUT_ROW_MAX: usize = 64 << 10;
+/// Largest row pitch a strided copy is given (the driver bounds pitches; far above any row of a
+/// real tensor).
+const CUT_PITCH_MAX: usize = 1 << 30;
+
+/// What [`SafetensorsFile::plan_ranks`] plans: per rank, its batch and shards; the copies
+/// between ranks; per rank, the batch that reads whole tensors into its scratch buffer, and
+/// the parts it cuts out of them.
+pub(crate) struct RankPlans {
+    pub(crate) ranks: Vec<(BatchPlan, Vec<Tensor>)>,
+    pub(crate) copies: Vec<ReplicaCopy>,
+    pub(crate) scratch: Vec<BatchPlan>,
+    pub(crate) cuts: Vec<Cut>,
+}
+
 impl SafetensorsFile {
     /// One batch per rank (`ranks` of them) that loads the tensors `rule` places, and where
     /// each shard lands in that rank's destination (`buffer_range`, with the shard's shape;
@@ -173,7 +204,7 @@ impl SafetensorsFile {
         ranks: usize,
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
     ) -> Result<Vec<(BatchPlan, Vec<Tensor>)>> {
-        Ok(self.plan_ranks(ranks, rule, false)?.0)
+        Ok(self.plan_ranks(ranks, rule, false, false)?.ranks)
     }
 
     /// As [`plan_shards`](Self::plan_shards), with every buffer laid out the same, except that
@@ -185,15 +216,19 @@ impl SafetensorsFile {
         ranks: usize,
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
     ) -> Result<ShardPlan> {
-        self.plan_ranks(ranks, rule, true)
+        let p = self.plan_ranks(ranks, rule, true, false)?;
+        Ok((p.ranks, p.copies))
     }
 
-    fn plan_ranks(
+    /// `read_once`: replicated tensors are read by one owner and copied to the others;
+    /// `cut`: split parts with short rows are cut out of the whole tensor (device loads).
+    pub(crate) fn plan_ranks(
         &self,
         ranks: usize,
         mut rule: impl FnMut(&FileTensor) -> Option<Shard>,
         read_once: bool,
-    ) -> Result<ShardPlan> {
+        cut: bool,
+    ) -> Result<RankPlans> {
         let bad = |at: u64, why: String| Error::invalid(self.file.ctx(OpKind::Read, at), why);
         if ranks == 0 {
             return Err(bad(
@@ -214,6 +249,9 @@ impl SafetensorsFile {
         let mut descs: Vec<Vec<ReadDesc>> = (0..ranks).map(|_| Vec::new()).collect();
         let mut placed: Vec<Vec<Tensor>> = (0..ranks).map(|_| Vec::new()).collect();
         let mut copies: Vec<ReplicaCopy> = Vec::new();
+        let mut scratch_at = vec![0usize; ranks];
+        let mut scratch: Vec<Vec<ReadDesc>> = (0..ranks).map(|_| Vec::new()).collect();
+        let mut cuts: Vec<Cut> = Vec::new();
         for (t, shard) in self.tensors.iter().zip(shards) {
             let Some(shard) = shard else {
                 continue;
@@ -239,11 +277,41 @@ impl SafetensorsFile {
                     at[rank].next_multiple_of(SHARD_ALIGN)
                 };
                 let mut dst = start;
-                for (offset, len) in ranges {
-                    if owner.is_none_or(|o| o == rank) {
-                        descs[rank].push(ReadDesc::new(&self.file, offset, len, dst));
+                // Rows of a split part: `ranges` are equal, evenly spaced rows of the tensor.
+                let pitch = match &ranges[..] {
+                    [a, b, ..] => (b.0 - a.0) as usize,
+                    _ => 0,
+                };
+                if cut
+                    && ranges.len() > 1
+                    && ranges[0].1 < CUT_ROW_MAX
+                    && pitch > ranges[0].1
+                    && pitch <= CUT_PITCH_MAX
+                {
+                    let whole = scratch_at[rank].next_multiple_of(SHARD_ALIGN);
+                    scratch[rank].push(ReadDesc::new(
+                        &self.file,
+                        t.file_range.start,
+                        t.byte_len(),
+                        whole,
+                    ));
+                    scratch_at[rank] = whole + t.byte_len();
+                    cuts.push(Cut {
+                        rank,
+                        src: whole + (ranges[0].0 - t.file_range.start) as usize,
+                        pitch,
+                        width: ranges[0].1,
+                        rows: ranges.len(),
+                        dst,
+                    });
+                    dst += bytes;
+                } else {
+                    for (offset, len) in ranges {
+                        if owner.is_none_or(|o| o == rank) {
+                            descs[rank].push(ReadDesc::new(&self.file, offset, len, dst));
+                        }
+                        dst += len;
                     }
-                    dst += len;
                 }
                 starts[rank] = Some(start);
                 placed[rank].push(Tensor {
@@ -269,7 +337,12 @@ impl SafetensorsFile {
             .map(|(d, end)| BatchPlan::new(d).reserve_dst(end))
             .zip(placed)
             .collect();
-        Ok((plans, copies))
+        Ok(RankPlans {
+            ranks: plans,
+            copies,
+            scratch: scratch.into_iter().map(BatchPlan::new).collect(),
+            cuts,
+        })
     }
 
     /// Loads every rank's shards ([`plan_shards`](Self::plan_shards)) into a host buffer per
@@ -309,7 +382,12 @@ impl SafetensorsFile {
         replicas: Replicas,
     ) -> Result<Vec<Checkpoint<cudarc::driver::CudaSlice<u8>>>> {
         let read_once = super::replica::read_once(streams, replicas);
-        let (plans, copies) = self.plan_ranks(streams.len(), rule, read_once)?;
+        let RankPlans {
+            ranks: plans,
+            copies,
+            scratch: scratch_plans,
+            cuts,
+        } = self.plan_ranks(streams.len(), rule, read_once, true)?;
         if !copies.is_empty() {
             super::replica::enable_peers(streams);
         }
@@ -320,7 +398,33 @@ impl SafetensorsFile {
             .map(|((p, _), s)| s.alloc_zeros::<u8>(p.dst_len().max(1)))
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| Error::cuda(ctx(), e))?;
-        self.run_ranks(&plans, &mut bufs).await?;
+        // Whole tensors that ranks cut short-rowed parts out of, on each rank's stream.
+        let mut scratch = scratch_plans
+            .iter()
+            .zip(streams)
+            .map(|(p, s)| s.alloc_zeros::<u8>(p.dst_len().max(1)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error::cuda(ctx(), e))?;
+        let scratch_runs = scratch_plans
+            .iter()
+            .zip(scratch.iter_mut())
+            .filter(|(p, _)| !p.descs().is_empty())
+            .map(|(p, buf)| Self::run(p, buf));
+        let (loaded, scratched) = futures::future::join(
+            self.run_ranks(&plans, &mut bufs),
+            futures::future::join_all(scratch_runs),
+        )
+        .await;
+        loaded?;
+        scratched.into_iter().collect::<Result<Vec<()>>>()?;
+        for c in &cuts {
+            let (s, buf, from) = (&streams[c.rank], &mut bufs[c.rank], &scratch[c.rank]);
+            crate::cuda::copy_rows(s, buf, c.dst, from, c.src, c.pitch, c.width, c.rows)
+                .map_err(|why| Error::cuda_msg(ctx(), why))?;
+        }
+        // The scratch buffers are freed on their ranks' streams, behind the cuts (cudarc
+        // recorded their read events there).
+        drop(scratch);
         super::replica::copy(streams, &mut bufs, &copies).map_err(|e| Error::cuda(ctx(), e))?;
         Ok(self.wrap_ranks(bufs, plans))
     }
@@ -361,5 +465,83 @@ impl SafetensorsFile {
             .zip(plans)
             .map(|(buf, (_, tensors))| Checkpoint::new(buf, tensors, self.file.path()))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Cut planning, run on the host: whole tensors read into each rank's scratch, parts cut
+    /// out row by row as the device copy would, must equal the parts read row by row.
+    #[test]
+    fn cuts_give_the_same_parts_as_row_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cut.safetensors");
+        let mut rng = fastrand::Rng::with_seed(5);
+        let shapes: [(&str, Vec<usize>); 3] =
+            [("w", vec![64, 96]), ("v", vec![4, 6, 48]), ("n", vec![96])];
+        let data: Vec<(String, Vec<usize>, Vec<u8>)> = shapes
+            .iter()
+            .map(|(n, s)| {
+                let len = s.iter().product::<usize>() * 2;
+                (
+                    n.to_string(),
+                    s.clone(),
+                    (0..len).map(|_| rng.u8(..)).collect(),
+                )
+            })
+            .collect();
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = data
+            .iter()
+            .map(|(n, s, b)| {
+                let v =
+                    safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, s.clone(), b)
+                        .unwrap();
+                (n.clone(), v)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &path).unwrap();
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let engine = crate::Engine::new().unwrap();
+            let st = SafetensorsFile::open(&engine, &path).await.unwrap();
+            let rule = |t: &FileTensor| {
+                Some(match t.name.as_str() {
+                    "w" => Shard::Split(1),
+                    "v" => Shard::Split(2),
+                    _ => Shard::Replicate,
+                })
+            };
+            for ranks in [1, 2, 3, 4] {
+                let rows = st.plan_ranks(ranks, rule, false, false).unwrap();
+                let cut = st.plan_ranks(ranks, rule, false, true).unwrap();
+                assert!(rows.cuts.is_empty());
+                assert_eq!(cut.cuts.is_empty(), ranks == 1, "{ranks} ranks");
+                for r in 0..ranks {
+                    let want = {
+                        let (plan, _) = &rows.ranks[r];
+                        let mut b = vec![0u8; plan.dst_len()];
+                        plan.read_into(&mut b).await.exact(plan.descs()).unwrap();
+                        b
+                    };
+                    let (plan, placed) = &cut.ranks[r];
+                    assert_eq!(placed, &rows.ranks[r].1, "the same layout either way");
+                    let mut got = vec![0u8; plan.dst_len()];
+                    plan.read_into(&mut got).await.exact(plan.descs()).unwrap();
+                    let sp = &cut.scratch[r];
+                    let mut scratch = vec![0u8; sp.dst_len()];
+                    sp.read_into(&mut scratch).await.exact(sp.descs()).unwrap();
+                    for c in cut.cuts.iter().filter(|c| c.rank == r) {
+                        for row in 0..c.rows {
+                            let from = c.src + row * c.pitch;
+                            let to = c.dst + row * c.width;
+                            got[to..to + c.width].copy_from_slice(&scratch[from..from + c.width]);
+                        }
+                    }
+                    assert!(got == want, "{ranks} ranks, rank {r}");
+                }
+            }
+        });
     }
 }
