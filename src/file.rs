@@ -482,13 +482,8 @@ impl File {
             )
         };
         drop(guard);
-        if stream.cu_stream() != own.cu_stream() {
-            // cudarc frees on the memory's own stream: make it wait for the operation too.
-            let ev = stream
-                .record_event(None)
-                .map_err(|e| Error::cuda(ctx(), e))?;
-            own.wait(&ev).map_err(|e| Error::cuda(ctx(), e))?;
-        }
+        // cudarc frees on the memory's own stream: make it wait for the operation too.
+        crate::cuda::memops::order_after(stream, own, None).map_err(|e| Error::cuda(ctx(), e))?;
         queued?;
         Ok(StreamIo {
             inner: OpFuture::running(engine, op, NoTransfer, shared),

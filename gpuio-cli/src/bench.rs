@@ -398,6 +398,7 @@ async fn measure(
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
     let cpu_start = process_cpu_seconds();
+    let occ_start = engine.occupancy();
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(qd);
     let mut streams = Vec::new();
@@ -528,6 +529,7 @@ async fn measure(
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
+    let occ = engine.occupancy().since(&occ_start);
     ticker.abort();
     pb.finish_and_clear();
     // 0 where nothing completed.
@@ -580,6 +582,16 @@ async fn measure(
                 .collect();
         outln!("  per GPU: {} (aggregate {gbps:.3} GB/s)", each.join(", "))?;
     }
+    if occ.seconds() > 0.0 {
+        outln!(
+            "  engine: {:.1} pieces in the kernel on average (queue depth {}), {:.1} slot releases \
+             behind CUDA events, short of bounce memory {:.0}% of the time",
+            occ.mean_in_kernel(),
+            engine.queue_depth(),
+            occ.mean_gated(),
+            occ.starved_share() * 100.0
+        )?;
+    }
     let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
     let json = PointJson {
         bytes: all.bytes,
@@ -603,6 +615,11 @@ async fn measure(
         to: a.to.to_string(),
         per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
         cached_share,
+        occupancy: crate::bench::report::OccupancyJson {
+            in_kernel: occ.mean_in_kernel(),
+            gated: occ.mean_gated(),
+            starved_share: occ.starved_share(),
+        },
         inline_copies: a.inline_copies,
         reactor_spin_us: a.reactor_spin_us,
         reactor_tick_us: a.reactor_tick_us,

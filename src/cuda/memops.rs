@@ -277,16 +277,26 @@ pub(crate) fn copy_rows(
         .map_err(|e| format!("binding the context: {e:?}"))?;
     let (s, _read) = src.device_ptr(stream);
     let (d, _write) = dst.device_ptr_mut(stream);
-    // SAFETY: CUDA_MEMCPY2D is plain data; all-zero is a valid (empty) value for every field.
-    let mut p: sys::CUDA_MEMCPY2D = unsafe { std::mem::zeroed() };
-    p.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.srcDevice = s + src_at as u64;
-    p.srcPitch = pitch;
-    p.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    p.dstDevice = d + dst_at as u64;
-    p.dstPitch = width;
-    p.WidthInBytes = width;
-    p.Height = rows;
+    // Every field spelled out: `CUmemorytype` has no zero variant, so an all-zero value of
+    // this struct is not a valid one (`mem::zeroed` aborts on it).
+    let p = sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: s + src_at as u64,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: d + dst_at as u64,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: width,
+        WidthInBytes: width,
+        Height: rows,
+    };
     // SAFETY: the context is current; both ranges were checked to lie inside their device
     // buffers, which cudarc keeps allocated until the stream has passed this copy (its events,
     // recorded as the guards drop); the two buffers are distinct allocations (one borrowed
@@ -295,4 +305,26 @@ pub(crate) fn copy_rows(
         unsafe { sys::cuMemcpy2DAsync_v2(&p, stream.cu_stream()) },
         "cuMemcpy2DAsync",
     )
+}
+
+/// Orders the memory's own stream (`own`, where cudarc frees it) after work just queued on
+/// `stream`: by `ev`, recorded behind them, or by a new event. Nothing to do when they are the
+/// same stream. When the ordering fails, `stream` is synchronised before the error returns, so
+/// that work has finished before the caller regains (and may free) the memory.
+pub(crate) fn order_after(
+    stream: &cudarc::driver::CudaStream,
+    own: &cudarc::driver::CudaStream,
+    ev: Option<&cudarc::driver::CudaEvent>,
+) -> Result<(), cudarc::driver::DriverError> {
+    if stream.cu_stream() == own.cu_stream() {
+        return Ok(());
+    }
+    let ordered = match ev {
+        Some(ev) => own.wait(ev),
+        None => stream.record_event(None).and_then(|ev| own.wait(&ev)),
+    };
+    if ordered.is_err() {
+        let _ = stream.synchronize();
+    }
+    ordered
 }

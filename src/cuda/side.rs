@@ -13,17 +13,24 @@
 //!
 //! Side streams, like the event pool's events, keep their context retained for the process's
 //! life; one whose use fails (a context reset) is forgotten, not destroyed (its handle may name
-//! another stream by then), and the next copy makes another.
+//! another stream by then; its two events are leaked with it for the same reason), and the
+//! next copy makes another.
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaStream, sys};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, sys};
 
-/// One context's side stream.
+/// One context's side stream, with the two events that order it with the legacy stream.
 struct SideStream {
     /// Keeps the context, and so the stream, alive.
     _ctx: Arc<CudaContext>,
     raw: sys::CUstream,
+    /// `(before, after)`, re-recorded by every use. A wait takes the event's most recent
+    /// record at the time of the call, so re-recording one whose earlier waits are queued
+    /// changes none of them; the lock keeps each use's record and wait together (and the
+    /// legacy stream is one stream per context anyway, so uses were serialised by the
+    /// driver already). Creating and destroying two events per copy cost four driver calls.
+    order: Mutex<(CudaEvent, CudaEvent)>,
 }
 
 // SAFETY: the handle is only passed to the driver, whose API is thread-safe; the context it
@@ -56,9 +63,19 @@ fn side_of(ctx: &Arc<CudaContext>) -> Result<Arc<SideStream>, String> {
     if rc != sys::CUresult::CUDA_SUCCESS {
         return Err(format!("creating gpuio's side stream: {rc:?}"));
     }
+    let events = ctx.new_event(None).and_then(|b| Ok((b, ctx.new_event(None)?)));
+    let order = match events {
+        Ok(pair) => Mutex::new(pair),
+        Err(e) => {
+            // SAFETY: `raw` was just created in the current context and is not used elsewhere.
+            let _ = unsafe { sys::cuStreamDestroy_v2(raw) };
+            return Err(format!("creating gpuio's side stream's events: {e:?}"));
+        }
+    };
     let side = Arc::new(SideStream {
         _ctx: ctx.clone(),
         raw,
+        order,
     });
     sides.push((key, side.clone()));
     Ok(side)
@@ -69,10 +86,11 @@ fn side_of(ctx: &Arc<CudaContext>) -> Result<Arc<SideStream>, String> {
 /// name another stream.
 fn forget(ctx: &CudaContext) {
     let key = ctx.cu_ctx() as usize;
-    SIDES
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(k, _)| *k != key);
+    let mut sides = SIDES.lock().unwrap_or_else(|p| p.into_inner());
+    while let Some(i) = sides.iter().position(|(k, _)| *k == key) {
+        // Leaked, not dropped: dropping the last reference would destroy its events.
+        std::mem::forget(sides.swap_remove(i));
+    }
 }
 
 /// Why [`queue_in_order`] failed.
@@ -107,12 +125,13 @@ pub(crate) fn queue_in_order(
     }
     let ctx = stream.context();
     let side = side_of(ctx).map_err(StagedError::NotQueued)?;
-    let before = ctx
-        .new_event(None)
-        .and_then(|ev| ev.record(stream).map(|()| ev))
-        .map_err(|e| {
-            StagedError::NotQueued(format!("recording an event on the legacy stream: {e:?}"))
-        })?;
+    let events = side.order.lock().unwrap_or_else(|p| p.into_inner());
+    let (before, after) = &*events;
+    if let Err(e) = before.record(stream) {
+        return Err(StagedError::NotQueued(format!(
+            "recording an event on the legacy stream: {e:?}"
+        )));
+    }
     // SAFETY: the side stream and the event are live handles of the current context.
     let rc = unsafe { sys::cuStreamWaitEvent(side.raw, before.cu_event(), 0) };
     if rc != sys::CUresult::CUDA_SUCCESS {
@@ -122,12 +141,9 @@ pub(crate) fn queue_in_order(
         )));
     }
     queue(side.raw).map_err(StagedError::Failed)?;
-    let after = ctx.new_event(None).and_then(|ev| {
-        // SAFETY: as above.
-        unsafe { sys::cuEventRecord(ev.cu_event(), side.raw) }.result()?;
-        stream.wait(&ev)
-    });
-    if let Err(e) = after {
+    // SAFETY: as above.
+    let recorded = unsafe { sys::cuEventRecord(after.cu_event(), side.raw) }.result();
+    if let Err(e) = recorded.and_then(|()| stream.wait(after)) {
         // The caller's stream is not ordered after the copies: let them finish before the
         // caller can reuse or free the memory.
         // SAFETY: the side stream is a live handle of the current context.

@@ -215,6 +215,15 @@ impl Engine {
         self.inner.shared.cached_reads.load(Ordering::Relaxed)
     }
 
+    /// Where this engine's pieces have spent their time so far: take two and subtract
+    /// ([`Occupancy::since`](crate::Occupancy::since)) for the pieces the kernel held on
+    /// average, the slot releases waiting behind CUDA events, and the share of the time work
+    /// waited for bounce memory (`gpuio bench` prints them). Published by the reactor about
+    /// once a millisecond.
+    pub fn occupancy(&self) -> crate::Occupancy {
+        self.inner.shared.occupancy.snapshot()
+    }
+
     /// Fault injection for tests: the reactor panics at its next completion, as a bug would
     /// make it, so tests can check what a dying reactor leaves behind. Not for production use.
     #[doc(hidden)]

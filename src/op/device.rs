@@ -14,7 +14,7 @@ use super::{OpShared, ReadyPiece, Staging};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
-use crate::cuda::memops::is_capturing;
+use crate::cuda::memops::{is_capturing, order_after};
 use crate::cuda::side;
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
@@ -51,13 +51,12 @@ fn queue_copies(
     let ev = EVENT_POOL
         .record(stream)
         .map_err(CopyError::driver("recording the copies' event"))?;
-    if stream.cu_stream() != own.cu_stream() {
-        own.wait(&ev).map_err(CopyError::driver(
-            "ordering the memory's stream after the copies",
-        ))?;
-    }
+    order_after(stream, own, Some(&ev)).map_err(CopyError::driver(
+        "ordering the memory's stream after the copies",
+    ))?;
     Ok(ev)
 }
+
 
 /// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
 /// without its pool (a bug, reported rather than acted on).
@@ -238,14 +237,8 @@ impl DeviceCopyOut<'_> {
             Err(e) => return Some(Err(fail("copying into device memory", &e))),
             Ok(()) => {}
         }
-        if stream.cu_stream() != own.cu_stream() {
-            let ordered = stream.record_event(None).and_then(|ev| own.wait(&ev));
-            if let Err(e) = ordered {
-                // The memory's own stream could free it ahead of the copy: let the copy finish
-                // before the caller regains the memory.
-                let _ = stream.synchronize();
-                return Some(Err(fail("ordering the memory's stream after the copy", &e)));
-            }
+        if let Err(e) = order_after(stream, own, None) {
+            return Some(Err(fail("ordering the memory's stream after the copy", &e)));
         }
         Some(Ok(()))
     }
@@ -301,10 +294,8 @@ impl DeviceCopyOut<'_> {
             return Err(pieces);
         }
         let ordered = match &queued {
-            Ok(()) if stream.cu_stream() != own.cu_stream() => {
-                stream.record_event(None).and_then(|ev| own.wait(&ev))
-            }
-            _ => Ok(()),
+            Ok(()) => order_after(&stream, own, None),
+            Err(_) => Ok(()),
         };
         let fail = |why: String| {
             let at = pieces.first().map_or(offset, |p| p.piece.pos);
@@ -322,9 +313,7 @@ impl DeviceCopyOut<'_> {
                 Msg::Release(shared.clone(), slots(pieces))
             }
             (Ok(()), Err(e)) => {
-                // The memory's own stream could free it ahead of the copies: let them finish
-                // before the caller regains the memory.
-                let _ = stream.synchronize();
+                // The copies have finished (`order_after` synchronised): the slots are free.
                 self.error = Some(fail(format!(
                     "ordering the memory's stream after the copies: {e}"
                 )));

@@ -11,6 +11,7 @@ pub(crate) mod device;
 pub(crate) mod future;
 pub(crate) mod gate;
 pub(crate) mod msg;
+pub(crate) mod occupancy;
 pub(crate) mod read;
 pub(crate) mod request;
 #[cfg(feature = "cuda")]

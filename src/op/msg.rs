@@ -139,6 +139,8 @@ pub(crate) struct ReactorHandle {
     /// Writes whose futures exist and whose ops the reactor has not finished, per file
     /// (`request::PendingWrite`).
     pub(crate) writes_pending: Arc<super::request::PendingWrites>,
+    /// Where pieces spent their time (`op::occupancy`), published by the reactor.
+    pub(crate) occupancy: super::occupancy::OccupancyTotals,
     /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
     #[cfg(test)]
     pub(crate) turns: std::sync::atomic::AtomicUsize,
@@ -157,6 +159,7 @@ impl ReactorHandle {
             cached_fast_path: true,
             cached_reads: std::sync::atomic::AtomicU64::new(0),
             writes_pending: Arc::new(super::request::PendingWrites::new()),
+            occupancy: Default::default(),
             #[cfg(test)]
             turns: std::sync::atomic::AtomicUsize::new(0),
         }

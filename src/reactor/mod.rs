@@ -85,6 +85,7 @@ use crate::lane::{Completion, IoKind, Lane, WaitHint};
 use crate::op::OpShared;
 use crate::op::ReadyPiece;
 use crate::op::gate::Gated;
+use crate::op::occupancy::OccupancySampler;
 use crate::op::msg::{Msg, ReactorHandle};
 use crate::plan::Piece;
 use fence::{RangeFence, Ticket};
@@ -186,6 +187,8 @@ pub(crate) struct Reactor {
     spdk: Option<crate::lane::spdk::SpdkLane>,
     /// Fault injection: panic at the next completion.
     panic_armed: bool,
+    /// Adds up where pieces spend their time (`Engine::occupancy`).
+    occupancy: OccupancySampler,
 }
 
 /// What one pass of the loop found.
@@ -241,6 +244,7 @@ impl Reactor {
             copies: copies::Copies::default(),
             spdk: None,
             panic_armed: false,
+            occupancy: OccupancySampler::new(),
         }
     }
 
@@ -294,6 +298,7 @@ impl Reactor {
             self.enforce_shutdown_deadline();
             if self.ops.is_empty() && self.ios.is_empty() && self.gated.is_empty() {
                 debug_assert_eq!(self.side_outstanding(), 0);
+                self.occupancy.publish(&self.engine.occupancy);
                 return Ok(Turn::Drained);
             }
         }
@@ -304,6 +309,8 @@ impl Reactor {
             lane.flush(&mut done);
         }
         block &= done.is_empty();
+        // The wait below is spent with what was just started in the kernel.
+        self.sample_occupancy();
         let main = self.main.as_mut().expect("main lane present while running");
         main.wait(block, timeout, &mut done)?;
         self.doorbell.awake();
@@ -321,7 +328,20 @@ impl Reactor {
         #[cfg(feature = "cuda")]
         self.issue_copies();
         self.completions = done;
+        // Until the next wait: what the completions left.
+        self.sample_occupancy();
         Ok(Turn::Running)
+    }
+
+    /// Notes the reactor's state for `Engine::occupancy`.
+    fn sample_occupancy(&mut self) {
+        let starved = self.short_of_slots || self.stall.is_some();
+        self.occupancy.sample(
+            &self.engine.occupancy,
+            self.ios.len() + self.side_outstanding(),
+            self.gated.len(),
+            starved,
+        );
     }
 
     /// Handles every queued message; a closed queue (every handle gone) starts shutdown.

@@ -9,6 +9,17 @@ use crate::CliResult;
 use crate::size::short_size;
 use crate::stdout::outln;
 
+/// Where an engine's pieces spent a point's time (see `gpuio::Occupancy`).
+#[derive(Debug, Serialize)]
+pub(super) struct OccupancyJson {
+    /// Pieces in the kernel on average.
+    pub in_kernel: f64,
+    /// Slot releases waiting behind CUDA events on average.
+    pub gated: f64,
+    /// Share of the time work waited for bounce memory.
+    pub starved_share: f64,
+}
+
 /// One point's `--json` line. Scripts read these names (.ci/run, scripts/gpu-bundle.sh,
 /// scripts/ab-bench.sh, scripts/compare-fio.sh): keep them.
 #[derive(Debug, Serialize)]
@@ -41,6 +52,8 @@ pub(super) struct PointJson {
     pub per_gpu_gbps: Option<Vec<f64>>,
     /// Share of requests the polling thread served from the page cache (0 to 1).
     pub cached_share: f64,
+    /// Where the engine's pieces spent the measured time (`Engine::occupancy`).
+    pub occupancy: OccupancyJson,
     pub inline_copies: bool,
     pub reactor_spin_us: Option<u64>,
     pub reactor_tick_us: Option<u64>,
@@ -251,6 +264,11 @@ mod tests {
             to: "gpu:0".into(),
             per_gpu_gbps: None,
             cached_share: 0.0,
+            occupancy: OccupancyJson {
+                in_kernel: 0.0,
+                gated: 0.0,
+                starved_share: 0.0,
+            },
             inline_copies: false,
             reactor_spin_us: None,
             reactor_tick_us: Some(100),
@@ -281,6 +299,7 @@ mod tests {
             "iops",
             "lat_p50_us",
             "lat_p99_us",
+            "occupancy",
             "ops",
             "pattern",
             "qd",
