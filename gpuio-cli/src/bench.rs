@@ -317,6 +317,9 @@ async fn measure(
     if let Some(w) = a.iowq_workers {
         builder = builder.iowq_workers(w);
     }
+    if let Some(n) = a.page_cache_copies {
+        builder = builder.page_cache_copies(n);
+    }
     if a.no_residency {
         builder = builder.residency_aware(false);
     }

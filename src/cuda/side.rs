@@ -63,7 +63,9 @@ fn side_of(ctx: &Arc<CudaContext>) -> Result<Arc<SideStream>, String> {
     if rc != sys::CUresult::CUDA_SUCCESS {
         return Err(format!("creating gpuio's side stream: {rc:?}"));
     }
-    let events = ctx.new_event(None).and_then(|b| Ok((b, ctx.new_event(None)?)));
+    let events = ctx
+        .new_event(None)
+        .and_then(|b| Ok((b, ctx.new_event(None)?)));
     let order = match events {
         Ok(pair) => Mutex::new(pair),
         Err(e) => {

@@ -29,6 +29,7 @@ pub struct EngineBuilder {
     bounce_slots: Option<usize>,
     /// `Some(0)`: the kernel's own io-wq limit.
     iowq_workers: Option<u32>,
+    page_cache_copies: Option<usize>,
     bounce_growth: Option<usize>,
     pool_wait_limit: std::time::Duration,
     backend: Backend,
@@ -54,6 +55,7 @@ impl Default for EngineBuilder {
             queue_depth: None,
             bounce_slots: None,
             iowq_workers: None,
+            page_cache_copies: None,
             bounce_growth: None,
             pool_wait_limit: DEFAULT_POOL_WAIT_LIMIT,
             backend: Backend::Auto,
@@ -118,6 +120,14 @@ impl EngineBuilder {
         self
     }
 
+    /// Most buffered reads copied out of the page cache at once (pieces the reactor hands to
+    /// io_uring's workers; default: sized from the machine, see `gpuio check`). Each is a CPU
+    /// copy: more of them than the memory's bandwidth feeds only slow each other down.
+    pub fn page_cache_copies(mut self, n: usize) -> Self {
+        self.page_cache_copies = Some(n);
+        self
+    }
+
     /// The settings this builder would build with on this machine, each with its reason.
     pub fn sizing(&self) -> Sizing {
         let mut s = Sizing::for_machine(Machine::probe());
@@ -134,6 +144,9 @@ impl EngineBuilder {
         if let Some(q) = self.queue_depth {
             set("queue depth", q.to_string());
         }
+        if let Some(n) = self.page_cache_copies {
+            set("page-cache copies", n.to_string());
+        }
         if let Some(w) = self.iowq_workers {
             set(
                 "io_uring workers",
@@ -147,6 +160,7 @@ impl EngineBuilder {
         s.buffered_chunk = self.buffered_chunk.unwrap_or(s.buffered_chunk);
         s.direct_chunk = self.direct_chunk.unwrap_or(s.direct_chunk);
         s.queue_depth = self.queue_depth.unwrap_or(s.queue_depth);
+        s.page_cache_copies = self.page_cache_copies.unwrap_or(s.page_cache_copies).max(1);
         s.iowq_workers = match self.iowq_workers {
             Some(0) => None,
             Some(w) => Some(w),
@@ -414,6 +428,7 @@ impl EngineBuilder {
             buffered_chunk: sizing.buffered_chunk,
             direct_chunk: sizing.direct_chunk,
             queue_depth: qd,
+            page_cache_copies: sizing.page_cache_copies,
             punt_min: self.punt_min,
             residency_min: self
                 .residency_aware

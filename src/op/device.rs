@@ -57,7 +57,6 @@ fn queue_copies(
     Ok(ev)
 }
 
-
 /// Why queuing device copies failed: a driver call (with cudarc's error), or a staging slot
 /// without its pool (a bug, reported rather than acted on).
 #[derive(Debug)]

@@ -179,7 +179,10 @@ mod tests {
         assert!(d.micros >= 2000, "{d:?}");
         // Nearly all of the time was spent at (5, 1, starved): the first interval, before
         // any state was given, is at most what the first call took to be made.
-        assert!(d.in_kernel >= 5 * 2000 && d.in_kernel <= 5 * d.micros, "{d:?}");
+        assert!(
+            d.in_kernel >= 5 * 2000 && d.in_kernel <= 5 * d.micros,
+            "{d:?}"
+        );
         assert!(d.gated >= 2000 && d.starved >= 2000, "{d:?}");
     }
 }

@@ -69,6 +69,8 @@ pub struct Sizing {
     pub bounce_bytes: usize,
     /// Most pieces in the kernel at once.
     pub queue_depth: usize,
+    /// Most buffered reads copied out of the page cache at once (punted to io-wq).
+    pub page_cache_copies: usize,
     /// Most io_uring workers copying buffered pieces at once (`IORING_REGISTER_IOWQ_MAX_WORKERS`,
     /// bounded class; `None`: the kernel's own limit).
     pub iowq_workers: Option<u32>,
@@ -94,6 +96,7 @@ impl Sizing {
         // are CPU-bound, more workers than cores only take turns on them. Two per core leaves
         // room for workers blocked on a page that is still being read in.
         let iowq = (2 * cores).clamp(4, 512) as u32;
+        let page_cache_copies = queue_depth;
         let reasons = vec![
             format!(
                 "machine: {cores} usable core(s), {} of memory",
@@ -125,6 +128,7 @@ impl Sizing {
                 MAX_BOUNCE_BYTES >> 20
             ),
             format!("queue depth {queue_depth}: four pieces per core, at least 64"),
+            format!("page-cache copies at most {page_cache_copies}: the queue depth"),
             format!(
                 "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
                  default allows four per CPU)"
@@ -136,6 +140,7 @@ impl Sizing {
             direct_chunk: DIRECT_CHUNK,
             bounce_bytes,
             queue_depth,
+            page_cache_copies,
             iowq_workers: Some(iowq),
             reasons,
         }

@@ -53,10 +53,7 @@ impl Reactor {
                 return;
             }
         }
-        let io = self.ios.remove(token);
-        if let Some(t) = &io.ticket {
-            self.fence.release(t);
-        }
+        let io = self.retire_io(token);
         let op = &mut self.ops[key];
         op.busy -= 1;
         if let Some(res) = failure {
@@ -98,10 +95,7 @@ impl Reactor {
     fn on_cufile_failure(&mut self, token: usize, res: i32) {
         use crate::gds::driver::CufileCode;
         use crate::lane::cufile::{RES_LOST, cufile_code_of};
-        let io = self.ios.remove(token);
-        if let Some(t) = &io.ticket {
-            self.fence.release(t);
-        }
+        let io = self.retire_io(token);
         let key = io.op;
         let slot = io.slot.expect("cuFile entries carry a device slot");
         let pos = io.piece.pos + io.done as u64;

@@ -85,8 +85,8 @@ use crate::lane::{Completion, IoKind, Lane, WaitHint};
 use crate::op::OpShared;
 use crate::op::ReadyPiece;
 use crate::op::gate::Gated;
-use crate::op::occupancy::OccupancySampler;
 use crate::op::msg::{Msg, ReactorHandle};
+use crate::op::occupancy::OccupancySampler;
 use crate::plan::Piece;
 use fence::{RangeFence, Ticket};
 use slots::{PoolStall, Slots};
@@ -107,6 +107,9 @@ struct InflightIo {
     done: usize,
     /// The piece's place in the range fence (reads and writes; fsync has none).
     ticket: Option<Ticket>,
+    /// A read the page cache serves on an io-wq worker, counted against
+    /// `ReactorConfig::page_cache_copies`.
+    copy: bool,
 }
 
 /// Engine-level settings the reactor needs.
@@ -116,6 +119,9 @@ pub(crate) struct ReactorConfig {
     /// Largest piece of an O_DIRECT, cuFile or NVMe transfer.
     pub(crate) direct_chunk: usize,
     pub(crate) queue_depth: usize,
+    /// Most buffered reads punted to io-wq at once: each is a CPU copy out of the page
+    /// cache, and past the memory's bandwidth more of them only slow each other down.
+    pub(crate) page_cache_copies: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
     /// Reads of buffered files of at least this many bytes read what the page cache lacks
@@ -149,6 +155,11 @@ pub(crate) struct Reactor {
     fence: RangeFence,
     /// Pieces (tokens in `ios`) started but held back by the fence, oldest first.
     fenced: VecDeque<usize>,
+    /// Reads in `ios` that io-wq copies out of the page cache (`InflightIo::copy`).
+    copies_in_flight: usize,
+    /// Ops out of the run queue until a page-cache copy ends (`OpEntry::copy_parked`; a
+    /// key whose op has finished since, or was replaced, is skipped).
+    copy_parked: Vec<usize>,
     /// Ops out of the run queue because of the window (they wait for their slots to return).
     window_blocked_ops: usize,
     /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
@@ -222,6 +233,8 @@ impl Reactor {
             to_submit: VecDeque::new(),
             fence: RangeFence::default(),
             fenced: VecDeque::new(),
+            copies_in_flight: 0,
+            copy_parked: Vec::new(),
             op_window,
             window_blocked_ops: 0,
             cfg,

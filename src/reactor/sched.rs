@@ -23,6 +23,17 @@ fn residency_via(file: &Target, piece: Piece) -> Via {
     }
 }
 
+/// Whether `piece` of `file` goes to io-wq as a buffered copy (`IOSQE_ASYNC`): buffered, and
+/// at least `punt_min` bytes. Small ones stay inline (a punt costs a switch).
+fn punts(punt_min: Option<usize>, file: &Target, piece: &Piece) -> bool {
+    let buffered = match piece.via {
+        Via::Buffered => true,
+        Via::Main => file.align == 1,
+        Via::Direct => false,
+    };
+    buffered && punt_min.is_some_and(|m| piece.len >= m)
+}
+
 impl Reactor {
     /// Starts pieces while the queue depth and the bounce pool allow.
     pub(super) fn schedule(&mut self) {
@@ -71,6 +82,18 @@ impl Reactor {
             };
             if !room {
                 break;
+            }
+            if self.copies_in_flight >= self.cfg.page_cache_copies
+                && op.kind == OpKind::Read
+                && punts(self.cfg.punt_min, &op.file, &piece)
+            {
+                // Every page-cache copy is taken: this op waits for one to end, and ops
+                // behind it (small reads, direct ones) go on.
+                op.copy_parked = true;
+                op.in_runnable = false;
+                self.runnable.pop_front();
+                self.copy_parked.push(key);
+                continue;
             }
             let slot = if op.kind == OpKind::Sync || op.owned.is_some() {
                 // Fsync needs no memory; an owned read lands in the caller's buffer.
@@ -176,6 +199,9 @@ impl Reactor {
             )
         });
         let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
+        let copy =
+            kind == IoKind::Read && slot.is_some() && punts(self.cfg.punt_min, &op.file, &piece);
+        self.copies_in_flight += usize::from(copy);
         let token = self.ios.insert(InflightIo {
             op: key,
             kind,
@@ -183,6 +209,7 @@ impl Reactor {
             slot,
             done: 0,
             ticket,
+            copy,
         });
         if blocked {
             self.fenced.push_back(token);
@@ -214,12 +241,33 @@ impl Reactor {
         }
     }
 
-    /// Forgets a piece that never reached the kernel.
-    fn drop_unstarted(&mut self, token: usize) {
+    /// Takes a piece out of `ios`, done or never started: its place in the fence and in the
+    /// count of page-cache copies go with it.
+    pub(super) fn retire_io(&mut self, token: usize) -> InflightIo {
         let io = self.ios.remove(token);
         if let Some(t) = &io.ticket {
             self.fence.release(t);
         }
+        if io.copy {
+            self.copies_in_flight -= 1;
+            for key in std::mem::take(&mut self.copy_parked) {
+                if let Some(op) = self.ops.get_mut(key) {
+                    if op.copy_parked {
+                        op.copy_parked = false;
+                        if !op.in_runnable {
+                            op.in_runnable = true;
+                            self.runnable.push_back(key);
+                        }
+                    }
+                }
+            }
+        }
+        io
+    }
+
+    /// Forgets a piece that never reached the kernel.
+    fn drop_unstarted(&mut self, token: usize) {
+        let io = self.retire_io(token);
         self.ops[io.op].busy -= 1;
         if let Some(slot) = io.slot {
             self.free_op_slot(io.op, slot);
@@ -260,14 +308,10 @@ impl Reactor {
             (None, None) => LaneMem::None,
         };
         // Buffered pieces large enough to be worth a kernel worker go to io-wq, so page-cache
-        // hits are copied by many threads; small ones stay inline (a punt costs a switch).
-        let buffered = match io.piece.via {
-            Via::Buffered => true,
-            Via::Main => file.align == 1,
-            Via::Direct => false,
-        };
-        let punt =
-            self.cfg.punt_min.is_some_and(|m| buffered && len >= m) && io.kind != IoKind::Fsync;
+        // hits are copied by many threads. The remainder of a short read is judged by its own
+        // length.
+        let rest = Piece { len, ..io.piece };
+        let punt = io.kind != IoKind::Fsync && punts(self.cfg.punt_min, file, &rest);
         let lane_io = LaneIo {
             token: token as u64,
             kind: io.kind,

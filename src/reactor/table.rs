@@ -77,6 +77,9 @@ pub(super) struct OpEntry {
     pub(super) held_bytes: usize,
     /// Left the run queue because `held_bytes` reached the per-op window.
     pub(super) window_blocked: bool,
+    /// Left the run queue because the page-cache copies were all taken
+    /// (`Reactor::copy_parked`).
+    pub(super) copy_parked: bool,
     pub(super) eof_at: Option<u64>,
     pub(super) error: Option<Error>,
     /// File offset `error` names when it came from a piece that failed: pieces complete out of
@@ -359,6 +362,7 @@ impl Reactor {
             in_runnable: !empty,
             held_bytes: 0,
             window_blocked: false,
+            copy_parked: false,
             eof_at: None,
             error: None,
             error_at: None,
@@ -410,6 +414,7 @@ impl Reactor {
             in_runnable: false,
             held_bytes: 0,
             window_blocked: false,
+            copy_parked: false,
             eof_at: None,
             error: None,
             error_at: None,

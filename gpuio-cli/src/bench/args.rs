@@ -196,6 +196,10 @@ pub struct BenchArgs {
     /// core; 0: the kernel's limit).
     #[arg(long, value_name = "N")]
     pub(crate) iowq_workers: Option<u32>,
+    /// Most buffered reads copied out of the page cache at once (default: the engine's,
+    /// sized from the machine).
+    #[arg(long, value_name = "N", value_parser = validate::count(1 << 20))]
+    pub(crate) page_cache_copies: Option<usize>,
     /// Read every piece of a buffered file through the page cache, cached or not (default:
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
