@@ -96,7 +96,12 @@ impl Sizing {
         // are CPU-bound, more workers than cores only take turns on them. Two per core leaves
         // room for workers blocked on a page that is still being read in.
         let iowq = (2 * cores).clamp(4, 512) as u32;
-        let page_cache_copies = queue_depth;
+        // Measured (BENCHMARKS.md): warm 16 MiB reads into GPU memory peaked at 12 copies on
+        // 16 cores and 24 on 32 (into two GPUs), and fell off on either side (16 cores: 16
+        // copies ran at 0.73x of 12; 32 cores: 32 copies at 0.75x of 24): past that the
+        // copies fight over memory bandwidth and over the cores the copies out to the GPU
+        // and the runtime need. Two on a two-core machine (host reads measured best there).
+        let page_cache_copies = (3 * cores / 4).max(2);
         let reasons = vec![
             format!(
                 "machine: {cores} usable core(s), {} of memory",
@@ -128,7 +133,10 @@ impl Sizing {
                 MAX_BOUNCE_BYTES >> 20
             ),
             format!("queue depth {queue_depth}: four pieces per core, at least 64"),
-            format!("page-cache copies at most {page_cache_copies}: the queue depth"),
+            format!(
+                "page-cache copies at most {page_cache_copies}: three per four cores, at least \
+                 two (more fight over memory bandwidth; measured best on 16 and 32 cores)"
+            ),
             format!(
                 "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
                  default allows four per CPU)"
@@ -181,6 +189,7 @@ mod tests {
         assert_eq!(s.bounce_bytes, 4 * DIRECT_DEPTH_PER_OP * DIRECT_CHUNK);
         assert_eq!(s.queue_depth, 64);
         assert_eq!(s.iowq_workers, Some(4));
+        assert_eq!(s.page_cache_copies, 2);
         assert_eq!(s.block(), DIRECT_CHUNK);
     }
 
@@ -193,6 +202,7 @@ mod tests {
         assert_eq!(s.bounce_bytes, 512 << 20);
         assert_eq!(s.queue_depth, 256);
         assert_eq!(s.iowq_workers, Some(128));
+        assert_eq!(s.page_cache_copies, 48);
         // Memory bounds the pool: 8 GiB of RAM allows 256 MiB.
         let small = Sizing::for_machine(Machine {
             cores: 64,
@@ -210,6 +220,7 @@ mod tests {
             "direct chunk",
             "bounce pool",
             "queue depth",
+            "page-cache copies",
             "io_uring workers",
         ] {
             assert!(text.contains(word), "{word} missing from {text}");

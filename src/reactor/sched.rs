@@ -199,8 +199,10 @@ impl Reactor {
             )
         });
         let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
-        let copy =
-            kind == IoKind::Read && slot.is_some() && punts(self.cfg.punt_min, &op.file, &piece);
+        // Owned reads (no slot) copy out of the page cache too; cuFile's staging slots do not.
+        let copy = kind == IoKind::Read
+            && !slot.as_ref().is_some_and(|s| s.on_device)
+            && punts(self.cfg.punt_min, &op.file, &piece);
         self.copies_in_flight += usize::from(copy);
         let token = self.ios.insert(InflightIo {
             op: key,
