@@ -17,6 +17,7 @@ use crate::runner::{block, spawn};
 /// (sizes in bytes, times in seconds; unset ones are sized from the machine, as
 /// ``gpuio.check()`` shows): ``backend`` ("auto", "uring", "pread", "gds"), ``chunk_size``,
 /// ``buffered_chunk_size``, ``direct_chunk_size``, ``queue_depth``, ``iowq_workers``,
+/// ``page_cache_copies`` (most buffered reads copied out of the page cache at once),
 /// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
 /// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
@@ -43,7 +44,7 @@ impl Engine {
     #[new]
     #[pyo3(signature = (*, backend = "auto", chunk_size = None, buffered_chunk_size = None,
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
-        bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
+        page_cache_copies = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
         reactor_spin = None, reactor_tick = None, residency_aware = true,
         device_lease_min = -1))]
@@ -56,6 +57,7 @@ impl Engine {
         direct_chunk_size: Option<usize>,
         queue_depth: Option<usize>,
         iowq_workers: Option<u32>,
+        page_cache_copies: Option<usize>,
         bounce_slots: Option<usize>,
         bounce_growth: Option<usize>,
         pool_wait_limit: Option<f64>,
@@ -103,6 +105,16 @@ impl Engine {
         }
         if let Some(v) = iowq_workers {
             b = b.iowq_workers(v);
+        }
+        match page_cache_copies {
+            Some(0) => {
+                return Err(crate::errors::invalid(
+                    py,
+                    "page_cache_copies: 0 (want at least 1, or None for the default)",
+                ));
+            }
+            Some(v) => b = b.page_cache_copies(v),
+            None => {}
         }
         if let Some(v) = bounce_slots {
             b = b.bounce_slots(v);

@@ -134,6 +134,17 @@ def test_bad_engine_settings_are_refused():
         gpuio.Engine(backend="floppy")
     with pytest.raises(gpuio.InvalidInput, match="negative"):
         gpuio.Engine(async_copy_threshold=-5)
+    with pytest.raises(gpuio.InvalidInput, match="page_cache_copies"):
+        gpuio.Engine(page_cache_copies=0)
+
+
+def test_one_page_cache_copy_at_a_time_still_reads_everything(data_file):
+    # Pieces of 64 KiB and up go to io_uring's workers; with one allowed at a time, the read's
+    # other pieces wait their turn.
+    path, data = data_file
+    with gpuio.Engine(page_cache_copies=1, chunk_size=64 << 10) as e:
+        buf = bytearray(len(data))
+        assert e.open(path).read_into(buf) == len(data) and bytes(buf) == data
 
 
 def test_engine_settings_and_shutdown(data_file):

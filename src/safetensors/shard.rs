@@ -9,9 +9,11 @@
 //! is one range per index of the dimensions before it (a `[rows, cols]` weight split by
 //! columns is `rows` reads of `cols / ranks` elements each). Those reads go in the rank's
 //! batch, so small ones are served from the page cache on the polling thread where the file
-//! is cached, and the rest in parallel through the engine. Narrow column splits of large
-//! weights make many small reads; reading the span once and scattering it would be cheaper
-//! there (not done yet).
+//! is cached, and the rest in parallel through the engine. Into GPU memory, a split part whose
+//! rows are short (under 64 KiB) is instead cut out of the whole tensor: the rank reads the
+//! tensor in one piece into a scratch buffer on its GPU and copies its rows out with one
+//! strided `cuMemcpy2DAsync` (`cuda::copy_rows`). A row per read made a 4 GiB checkpoint with
+//! 1 KiB rows load over two GPUs in 1.9 s warm; cut, it loads in 0.14 s (BENCHMARKS.md).
 
 use std::ops::Range;
 

@@ -42,6 +42,7 @@ class Engine:
         direct_chunk_size: Optional[int] = None,
         queue_depth: Optional[int] = None,
         iowq_workers: Optional[int] = None,
+        page_cache_copies: Optional[int] = None,
         bounce_slots: Optional[int] = None,
         bounce_growth: Optional[int] = None,
         pool_wait_limit: Optional[float] = None,
