@@ -10,7 +10,8 @@
 //! in the engine's per-operation window (a quarter of the bounce pool, so a batch, even a
 //! leaked one, never takes the whole pool), and resolves to one [`BatchResult`] with a result
 //! per descriptor. A plan can run any number of times, into
-//! the same or another destination of sufficient length.
+//! the same or another destination of sufficient length. A [`SpreadPlan`] spreads one batch
+//! over several destinations (a buffer on each GPU): each descriptor names its destination.
 //!
 //! ```
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,8 +40,10 @@
 mod catalog;
 #[cfg(feature = "cuda")]
 mod device;
+mod spread;
 
 pub use catalog::{Catalog, Extent, RecordKind};
+pub use spread::SpreadPlan;
 
 use std::future::Future;
 
@@ -94,6 +97,8 @@ pub struct BatchPlan {
     /// Why a descriptor cannot run (checked once, at preparation).
     rejected: Vec<Option<String>>,
     dst_len: usize,
+    /// The numbers errors give the descriptors, where not their places (`numbered`).
+    numbers: Option<Vec<usize>>,
 }
 
 impl BatchPlan {
@@ -101,6 +106,14 @@ impl BatchPlan {
     /// destination range, a destination range overlapping an earlier descriptor's) are kept
     /// and reported as errors in every result, with the reason; the others run.
     pub fn new(descs: Vec<ReadDesc>) -> Self {
+        Self::numbered(descs, None)
+    }
+
+    /// [`new`](Self::new), with the numbers errors give the descriptors (`None`: their
+    /// places in `descs`): a [`SpreadPlan`]'s part names descriptors as its caller numbered
+    /// them.
+    pub(crate) fn numbered(descs: Vec<ReadDesc>, numbers: Option<Vec<usize>>) -> Self {
+        let number = |i: usize| numbers.as_ref().map_or(i, |n| n[i]);
         let mut rejected: Vec<Option<String>> = vec![None; descs.len()];
         for (i, d) in descs.iter().enumerate() {
             if d.offset
@@ -130,9 +143,10 @@ impl BatchPlan {
             match reach {
                 Some((end, j)) if d.dst_offset < end => {
                     rejected[i] = Some(format!(
-                        "destination range {}..{} overlaps descriptor {j}'s",
+                        "destination range {}..{} overlaps descriptor {}'s",
                         d.dst_offset,
-                        d.dst_offset + d.len
+                        d.dst_offset + d.len,
+                        number(j)
                     ));
                 }
                 _ => reach = Some((d.dst_offset + d.len, i)),
@@ -166,6 +180,7 @@ impl BatchPlan {
             runs,
             rejected,
             dst_len,
+            numbers,
         }
     }
 
@@ -259,9 +274,10 @@ impl BatchPlan {
 
     fn invalid(&self, i: usize, why: String) -> Error {
         let d = &self.descs[i];
+        let n = self.numbers.as_ref().map_or(i, |n| n[i]);
         Error::invalid(
             d.file.ctx(OpKind::Read, d.offset),
-            format!("batch descriptor {i}: {why}"),
+            format!("batch descriptor {n}: {why}"),
         )
     }
 }

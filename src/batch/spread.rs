@@ -1,0 +1,145 @@
+//! A batch whose descriptors land in several destinations (one buffer per GPU, say): each
+//! descriptor names its destination by index. The plan is one [`BatchPlan`] per destination,
+//! prepared once; running it starts every destination's reads at once, each with its own
+//! device's copies, and reports one result per descriptor in the order given.
+
+use super::{BatchPlan, BatchResult, ReadDesc};
+use crate::buf::ReadDst;
+use crate::error::{Error, OpKind, Result};
+
+/// Descriptors spread over `destinations` buffers, validated and merged per destination.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("pages.bin");
+/// # std::fs::write(&path, (0..=255u8).cycle().take(1 << 16).collect::<Vec<u8>>())?;
+/// # let rt = tokio::runtime::Runtime::new()?;
+/// # rt.block_on(async {
+/// use gpuio::batch::{ReadDesc, SpreadPlan};
+/// let engine = gpuio::Engine::new()?;
+/// let file = engine.open(&path)?;
+/// // Page 1 to the first buffer, pages 2 and 3 to the second (merged into one read there).
+/// let plan = SpreadPlan::new(
+///     2,
+///     vec![
+///         (0, ReadDesc::new(&file, 4096, 4096, 0)),
+///         (1, ReadDesc::new(&file, 2 * 4096, 4096, 0)),
+///         (1, ReadDesc::new(&file, 3 * 4096, 4096, 4096)),
+///     ],
+/// );
+/// let mut bufs: Vec<Vec<u8>> = (0..2).map(|d| vec![0u8; plan.dst_len(d)]).collect();
+/// assert_eq!(plan.read_into(&mut bufs).await.total()?, 3 * 4096);
+/// # Ok::<_, gpuio::Error>(()) })?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct SpreadPlan {
+    /// One plan per destination.
+    parts: Vec<BatchPlan>,
+    /// Per part, each of its descriptors' place in the caller's list.
+    numbers: Vec<Vec<usize>>,
+    /// Descriptors naming a destination that does not exist: `(place, destination, desc)`.
+    rejected: Vec<(usize, usize, ReadDesc)>,
+    /// Descriptors given.
+    count: usize,
+}
+
+impl SpreadPlan {
+    /// Validates and merges `descs`, each `(destination, descriptor)`, per destination.
+    /// Descriptors that cannot run (a destination index of `destinations` or more, or what
+    /// [`BatchPlan::new`] refuses) are kept and reported as errors in every result, naming
+    /// the descriptor by its place in `descs`; the others run.
+    pub fn new(destinations: usize, descs: Vec<(usize, ReadDesc)>) -> Self {
+        let count = descs.len();
+        let mut parts: Vec<Vec<ReadDesc>> = (0..destinations).map(|_| Vec::new()).collect();
+        let mut numbers: Vec<Vec<usize>> = vec![Vec::new(); destinations];
+        let mut rejected = Vec::new();
+        for (i, (to, d)) in descs.into_iter().enumerate() {
+            match parts.get_mut(to) {
+                Some(part) => {
+                    part.push(d);
+                    numbers[to].push(i);
+                }
+                None => rejected.push((i, to, d)),
+            }
+        }
+        let parts = parts
+            .into_iter()
+            .zip(&numbers)
+            .map(|(part, n)| BatchPlan::numbered(part, Some(n.clone())))
+            .collect();
+        SpreadPlan {
+            parts,
+            numbers,
+            rejected,
+            count,
+        }
+    }
+
+    /// How many destinations the plan reads into.
+    pub fn destinations(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The plan for destination `d` (its descriptors, reads and length).
+    pub fn part(&self, d: usize) -> Option<&BatchPlan> {
+        self.parts.get(d)
+    }
+
+    /// Bytes destination `d` must hold at least (0 for a destination with no descriptors, or
+    /// none by that index).
+    pub fn dst_len(&self, d: usize) -> usize {
+        self.parts.get(d).map_or(0, BatchPlan::dst_len)
+    }
+
+    /// Runs every destination's part at once, part `d` into `dsts[d]` (host or device memory,
+    /// on any GPU: each part queues its copies on its own destination's stream). One result
+    /// per descriptor, in the order given to [`new`](Self::new). A `dsts` of another length
+    /// than [`destinations`](Self::destinations) fails every descriptor with
+    /// [`Error::InvalidInput`] and reads nothing. Dropping or leaking the future mid-flight is
+    /// as safe as it is for [`BatchPlan::read_into`].
+    pub async fn read_into<D: ReadDst + Send>(&self, dsts: &mut [D]) -> BatchResult {
+        // Every place is filled below: each descriptor is in one part or rejected.
+        let mut results: Vec<Result<usize>> = (0..self.count).map(|_| Ok(0)).collect();
+        for (i, to, d) in &self.rejected {
+            results[*i] = Err(Error::invalid(
+                d.file.ctx(OpKind::Read, d.offset),
+                format!(
+                    "batch descriptor {i}: destination {to} does not exist ({} destinations)",
+                    self.parts.len()
+                ),
+            ));
+        }
+        if dsts.len() != self.parts.len() {
+            for (part, numbers) in self.parts.iter().zip(&self.numbers) {
+                for (d, &i) in part.descs().iter().zip(numbers) {
+                    results[i] = Err(Error::invalid(
+                        d.file.ctx(OpKind::Read, d.offset),
+                        format!(
+                            "batch descriptor {i}: {} destinations given to a plan for {}",
+                            dsts.len(),
+                            self.parts.len()
+                        ),
+                    ));
+                }
+            }
+            return BatchResult { results };
+        }
+        let runs = self
+            .parts
+            .iter()
+            .zip(dsts.iter_mut())
+            .map(|(part, dst)| part.read_into(dst));
+        for (done, numbers) in futures::future::join_all(runs)
+            .await
+            .into_iter()
+            .zip(&self.numbers)
+        {
+            for (r, &i) in done.into_results().into_iter().zip(numbers) {
+                results[i] = r;
+            }
+        }
+        BatchResult { results }
+    }
+}
