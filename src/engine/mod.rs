@@ -220,7 +220,7 @@ impl Engine {
     /// average, the slot releases waiting behind CUDA events, and the share of the time work
     /// waited for bounce memory (`gpuio bench` prints them). Published by the reactor about
     /// once a millisecond.
-    pub fn occupancy(&self) -> crate::Occupancy {
+    pub fn occupancy(&self) -> crate::op::occupancy::Occupancy {
         self.inner.shared.occupancy.snapshot()
     }
 
