@@ -99,6 +99,15 @@ impl TaskStats {
 pub async fn run(a: BenchArgs) -> CliResult {
     a.check()?;
     let cuda = a.to.cudas()?;
+    if a.no_event_tracking {
+        for ctx in &cuda {
+            // SAFETY: cudarc's events order a buffer's uses on different streams; every
+            // buffer the bench makes is used on one stream only (its task's, or the one all
+            // tasks share), read into by gpuio on that stream, and freed on it after the
+            // stream is synchronised, so stream order alone orders its uses.
+            unsafe { ctx.disable_event_tracking() };
+        }
+    }
     let max_bs = a.bs.iter().map(|b| b.0).max().unwrap_or(0);
     let spdk = a.backend.contains(&BenchBackend::Spdk);
     let needs_file = a.backend.iter().any(|b| *b != BenchBackend::Spdk);

@@ -232,6 +232,12 @@ pub struct BenchArgs {
     /// torch's or cupy's default stream has its memory).
     #[arg(long, conflicts_with = "one_stream")]
     pub(crate) default_stream: bool,
+    /// Turns cudarc's event tracking off on the GPUs used, before any buffer exists: with
+    /// several streams, cudarc otherwise makes every access to a buffer wait for its last
+    /// read and write events and record a new one (three driver calls per read). Sound here:
+    /// each task's buffer is used on its own stream only (or on the one stream all share).
+    #[arg(long)]
+    pub(crate) no_event_tracking: bool,
     /// Copy page-cache hits inline on the reactor thread instead of on io_uring's workers.
     #[arg(long, conflicts_with = "async_copy_min")]
     pub(crate) inline_copies: bool,
