@@ -50,6 +50,16 @@ async fn spread_batches_land_in_the_buffer_each_descriptor_names() {
         let mut bufs: Vec<Vec<u8>> = (0..3).map(|d| vec![0u8; plan.dst_len(d)]).collect();
         let r = plan.read_into(&mut bufs).await.into_results();
         assert_eq!(r.len(), descs.len());
+        let given: Vec<(u64, usize)> = plan
+            .descs()
+            .iter()
+            .map(|d| (d.offset, d.dst_offset))
+            .collect();
+        let want: Vec<(u64, usize)> = descs
+            .iter()
+            .map(|(_, d)| (d.offset, d.dst_offset))
+            .collect();
+        assert_eq!(given, want, "{name}: descriptors in the order given");
         for (i, (to, d)) in descs.iter().enumerate() {
             match (i, &r[i]) {
                 (3, Err(Error::InvalidInput { .. })) => {

@@ -164,7 +164,7 @@ async fn one_batch_spread_over_every_gpu() {
     let total = plan
         .read_into(&mut bufs)
         .await
-        .exact(&descs.iter().map(|(_, d)| d.clone()).collect::<Vec<_>>())
+        .exact(&plan.descs())
         .unwrap();
     assert_eq!(total, descs.iter().map(|(_, d)| d.len).sum::<usize>());
     for (g, (s, buf)) in streams.iter().zip(&bufs).enumerate() {

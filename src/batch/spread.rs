@@ -93,13 +93,43 @@ impl SpreadPlan {
         self.parts.get(d).map_or(0, BatchPlan::dst_len)
     }
 
+    /// The descriptors in the order given to [`new`](Self::new) (for
+    /// [`BatchResult::exact`]).
+    pub fn descs(&self) -> Vec<ReadDesc> {
+        let mut all: Vec<Option<ReadDesc>> = (0..self.count).map(|_| None).collect();
+        for (part, numbers) in self.parts.iter().zip(&self.numbers) {
+            for (d, &i) in part.descs().iter().zip(numbers) {
+                all[i] = Some(d.clone());
+            }
+        }
+        for (i, _, d) in &self.rejected {
+            all[*i] = Some(d.clone());
+        }
+        all.into_iter().flatten().collect()
+    }
+
     /// Runs every destination's part at once, part `d` into `dsts[d]` (host or device memory,
     /// on any GPU: each part queues its copies on its own destination's stream). One result
     /// per descriptor, in the order given to [`new`](Self::new). A `dsts` of another length
     /// than [`destinations`](Self::destinations) fails every descriptor with
-    /// [`Error::InvalidInput`] and reads nothing. Dropping or leaking the future mid-flight is
-    /// as safe as it is for [`BatchPlan::read_into`].
-    pub async fn read_into<D: ReadDst + Send>(&self, dsts: &mut [D]) -> BatchResult {
+    /// [`Error::InvalidInput`] and reads nothing.
+    ///
+    /// Dropping the future mid-flight is as safe as for [`BatchPlan::read_into`], and so is
+    /// leaking it, with one difference in what a leak costs: each part runs within its own
+    /// per-operation window (a quarter of the bounce pool), so a leaked spread over four or
+    /// more destinations can hold the whole pool until the engine is dropped. Other reads then
+    /// grow the pool or fail with [`Error::PoolExhausted`] (`EngineBuilder::bounce_growth`,
+    /// `pool_wait_limit`), never wait forever.
+    // The signature states the future is `Send` (an `async fn` would only imply it).
+    #[allow(clippy::manual_async_fn)]
+    pub fn read_into<'a, D: ReadDst + Send>(
+        &'a self,
+        dsts: &'a mut [D],
+    ) -> impl std::future::Future<Output = BatchResult> + Send + 'a {
+        async move { self.run(dsts).await }
+    }
+
+    async fn run<D: ReadDst + Send>(&self, dsts: &mut [D]) -> BatchResult {
         // Every place is filled below: each descriptor is in one part or rejected.
         let mut results: Vec<Result<usize>> = (0..self.count).map(|_| Ok(0)).collect();
         for (i, to, d) in &self.rejected {

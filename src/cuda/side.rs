@@ -29,7 +29,10 @@ struct SideStream {
     /// record at the time of the call, so re-recording one whose earlier waits are queued
     /// changes none of them; the lock keeps each use's record and wait together (and the
     /// legacy stream is one stream per context anyway, so uses were serialised by the
-    /// driver already). Creating and destroying two events per copy cost four driver calls.
+    /// driver already). The lock is held while the copies are queued, so a batch's pageable
+    /// copies, which may wait for the legacy stream, hold back other threads' copies into this
+    /// context's legacy stream: the side stream ran them one after another anyway. Creating
+    /// and destroying two events per copy cost four driver calls.
     order: Mutex<(CudaEvent, CudaEvent)>,
 }
 
@@ -130,6 +133,8 @@ pub(crate) fn queue_in_order(
     let events = side.order.lock().unwrap_or_else(|p| p.into_inner());
     let (before, after) = &*events;
     if let Err(e) = before.record(stream) {
+        // Most likely a reset context: its side stream and events are stale for good.
+        forget(ctx);
         return Err(StagedError::NotQueued(format!(
             "recording an event on the legacy stream: {e:?}"
         )));

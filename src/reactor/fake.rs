@@ -326,6 +326,39 @@ mod tests {
         assert!(h.reactor.copy_parked.is_empty());
     }
 
+    /// Three large reads with one page-cache copy allowed: each ended copy wakes one parked
+    /// read, and every read finishes with all its bytes.
+    #[test]
+    fn parked_reads_take_turns_and_all_finish() {
+        let mut h = harness(64 * K, 64, 64 * K, 64);
+        h.reactor.cfg.punt_min = Some(64 * K);
+        h.reactor.cfg.page_cache_copies = 1;
+        let file = Arc::new(Target::fake(1));
+        let reads: Vec<_> = (0..3u64)
+            .map(|i| h.read(&file, i << 20, 4 * 64 * K as u64))
+            .collect();
+        let mut got = [0usize; 3];
+        for _ in 0..64 {
+            h.turn();
+            assert!(h.pending().len() <= 1, "one copy at a time");
+            h.complete_all();
+            h.turn();
+            for (g, r) in got.iter_mut().zip(&reads) {
+                *g += h.take_read(r);
+            }
+            if reads.iter().all(|r| r.peek_result().is_some()) {
+                break;
+            }
+        }
+        for (r, g) in reads.iter().zip(got) {
+            assert_eq!(g, 4 * 64 * K);
+            assert_eq!(r.peek_result(), Some(Ok(4 * 64 * K as u64)));
+        }
+        h.turn();
+        assert_eq!(h.reactor.copies_in_flight, 0);
+        assert_eq!(h.slots_in_use(), 0);
+    }
+
     /// A read parked for a page-cache copy and then cancelled leaves the table; the parked
     /// key is skipped afterwards.
     #[test]

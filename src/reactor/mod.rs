@@ -120,7 +120,9 @@ pub(crate) struct ReactorConfig {
     pub(crate) direct_chunk: usize,
     pub(crate) queue_depth: usize,
     /// Most buffered reads punted to io-wq at once: each is a CPU copy out of the page
-    /// cache, and past the memory's bandwidth more of them only slow each other down.
+    /// cache, and past the memory's bandwidth more of them only slow each other down. Cold
+    /// buffered pieces count too (residency-aware reads send large cold ranges O_DIRECT,
+    /// which is not counted); the pread backend is not capped.
     pub(crate) page_cache_copies: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
@@ -157,9 +159,9 @@ pub(crate) struct Reactor {
     fenced: VecDeque<usize>,
     /// Reads in `ios` that io-wq copies out of the page cache (`InflightIo::copy`).
     copies_in_flight: usize,
-    /// Ops out of the run queue until a page-cache copy ends (`OpEntry::copy_parked`; a
-    /// key whose op has finished since, or was replaced, is skipped).
-    copy_parked: Vec<usize>,
+    /// Ops out of the run queue until a page-cache copy ends, oldest first
+    /// (`OpEntry::copy_parked`; a key whose op has finished since, or was replaced, is skipped).
+    copy_parked: VecDeque<usize>,
     /// Ops out of the run queue because of the window (they wait for their slots to return).
     window_blocked_ops: usize,
     /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
@@ -176,6 +178,9 @@ pub(crate) struct Reactor {
     /// Work waited for bounce slots at the last scheduling pass (gates are then looked at on
     /// every turn: an open gate frees slots).
     short_of_slots: bool,
+    /// The pool had no slot for the next piece at the last scheduling pass (`short_of_slots`
+    /// without the ops held back by their window).
+    pool_starved: bool,
     /// Set while ops wait for memory that only futures which do not poll could give back.
     stall: Option<PoolStall>,
     /// When the gates were last looked at.
@@ -216,8 +221,13 @@ impl Reactor {
         rx: Receiver<Msg>,
         main: Box<dyn Lane>,
         engine: Arc<ReactorHandle>,
-        cfg: ReactorConfig,
+        mut cfg: ReactorConfig,
     ) -> Self {
+        if main.name() == "pread" {
+            // The pread pool's threads are its concurrency (and its only way to overlap cold
+            // reads): the cap on io_uring's page-cache copies is not for them.
+            cfg.page_cache_copies = usize::MAX;
+        }
         let arena = engine.arena.clone();
         let op_window = op_window(&arena);
         Reactor {
@@ -234,7 +244,7 @@ impl Reactor {
             fence: RangeFence::default(),
             fenced: VecDeque::new(),
             copies_in_flight: 0,
-            copy_parked: Vec::new(),
+            copy_parked: VecDeque::new(),
             op_window,
             window_blocked_ops: 0,
             cfg,
@@ -244,6 +254,7 @@ impl Reactor {
             gated: Vec::new(),
             compromised: false,
             short_of_slots: false,
+            pool_starved: false,
             stall: None,
             gates_polled: Instant::now(),
             last_work: Instant::now(),
@@ -348,13 +359,12 @@ impl Reactor {
 
     /// Notes the reactor's state for `Engine::occupancy`.
     fn sample_occupancy(&mut self) {
-        let starved = self.short_of_slots || self.stall.is_some();
-        self.occupancy.sample(
-            &self.engine.occupancy,
-            self.ios.len() + self.side_outstanding(),
-            self.gated.len(),
-            starved,
-        );
+        // `ios` holds every lane's pieces (cuFile's and SPDK's too) and the fenced ones, which
+        // wait outside the kernel.
+        let in_kernel = self.ios.len().saturating_sub(self.fenced.len());
+        let starved = self.pool_starved || self.stall.is_some();
+        self.occupancy
+            .sample(&self.engine.occupancy, in_kernel, self.gated.len(), starved);
     }
 
     /// Handles every queued message; a closed queue (every handle gone) starts shutdown.

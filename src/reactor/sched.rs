@@ -92,7 +92,7 @@ impl Reactor {
                 op.copy_parked = true;
                 op.in_runnable = false;
                 self.runnable.pop_front();
-                self.copy_parked.push(key);
+                self.copy_parked.push_back(key);
                 continue;
             }
             let slot = if op.kind == OpKind::Sync || op.owned.is_some() {
@@ -172,6 +172,7 @@ impl Reactor {
             }
         }
         self.short_of_slots = starved || self.window_blocked_ops > 0;
+        self.pool_starved = starved;
         self.doorbell.set_starved(self.short_of_slots);
         if starved {
             if self.check_pool_stall(starved_on_device) {
@@ -252,7 +253,9 @@ impl Reactor {
         }
         if io.copy {
             self.copies_in_flight -= 1;
-            for key in std::mem::take(&mut self.copy_parked) {
+            // One copy ended: one parked op (the oldest still parked) may take it. Waking them
+            // all would have each look at the page cache again only to park once more.
+            while let Some(key) = self.copy_parked.pop_front() {
                 if let Some(op) = self.ops.get_mut(key) {
                     if op.copy_parked {
                         op.copy_parked = false;
@@ -260,6 +263,7 @@ impl Reactor {
                             op.in_runnable = true;
                             self.runnable.push_back(key);
                         }
+                        break;
                     }
                 }
             }

@@ -12,7 +12,8 @@
 //! is cached, and the rest in parallel through the engine. Into GPU memory, a split part whose
 //! rows are short (under 64 KiB) is instead cut out of the whole tensor: the rank reads the
 //! tensor in one piece into a scratch buffer on its GPU and copies its rows out with one
-//! strided `cuMemcpy2DAsync` (`cuda::copy_rows`). A row per read made a 4 GiB checkpoint with
+//! strided `cuMemcpy2DAsync` (`cuda::copy_rows`), up to 1 GiB of such whole tensors per rank
+//! (`CUT_SCRATCH_MAX`; past it, row reads again). A row per read made a 4 GiB checkpoint with
 //! 1 KiB rows load over two GPUs in 1.9 s warm; cut, it loads in 0.14 s (BENCHMARKS.md).
 
 use std::ops::Range;
@@ -180,6 +181,11 @@ pub(crate) struct Cut {
 /// request widened to the block size), where reading the whole tensor costs the other ranks'
 /// bytes too. A row-parallel `[4096, 1024]` bf16 weight over two ranks is 4096 rows of 1 KiB.
 const CUT_ROW_MAX: usize = 64 << 10;
+/// Most scratch memory one rank's cuts may take (the whole tensors they are cut from are in
+/// memory at once): tensors past it are read row by row instead, so a large model's load
+/// needs at most this much beside its shards (a 70B model at TP=8 would otherwise hold tens
+/// of GiB of whole row-parallel weights per GPU).
+const CUT_SCRATCH_MAX: usize = 1 << 30;
 /// Largest row pitch a strided copy is given (the driver bounds pitches; far above any row of a
 /// real tensor).
 const CUT_PITCH_MAX: usize = 1 << 30;
@@ -284,13 +290,14 @@ impl SafetensorsFile {
                     [a, b, ..] => (b.0 - a.0) as usize,
                     _ => 0,
                 };
+                let whole = scratch_at[rank].next_multiple_of(SHARD_ALIGN);
                 if cut
+                    && whole + t.byte_len() <= CUT_SCRATCH_MAX
                     && ranges.len() > 1
                     && ranges[0].1 < CUT_ROW_MAX
                     && pitch > ranges[0].1
                     && pitch <= CUT_PITCH_MAX
                 {
-                    let whole = scratch_at[rank].next_multiple_of(SHARD_ALIGN);
                     scratch[rank].push(ReadDesc::new(
                         &self.file,
                         t.file_range.start,
