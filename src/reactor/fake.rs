@@ -287,105 +287,6 @@ mod tests {
         assert!(h.reactor.ops.is_empty());
     }
 
-    /// With two page-cache copies allowed, a large buffered read has at most two pieces in
-    /// the lane, a small read behind it (too small to be punted) still starts at once, the
-    /// large one goes on as its copies end, and every byte arrives.
-    #[test]
-    fn page_cache_copies_are_capped_and_others_go_on() {
-        let mut h = harness(64 * K, 64, 64 * K, 64);
-        h.reactor.cfg.punt_min = Some(64 * K);
-        h.reactor.cfg.page_cache_copies = 2;
-        let file = Arc::new(Target::fake(1));
-        let big = h.read(&file, 0, 8 * 64 * K as u64);
-        let small = h.read(&file, 8 << 20, 4 * K as u64);
-        h.turn();
-        let pending = h.pending();
-        assert_eq!(
-            pending.iter().filter(|p| p.pos < 8 << 20).count(),
-            2,
-            "two copies at once"
-        );
-        assert_eq!(pending.len(), 3, "the small read starts beside them");
-        let mut got = 0;
-        for _ in 0..32 {
-            h.complete_all();
-            h.turn();
-            got += h.take_read(&big);
-            h.turn();
-            assert!(h.pending().len() <= 2, "never more than two copies");
-            if big.peek_result().is_some() {
-                break;
-            }
-        }
-        assert_eq!(got, 8 * 64 * K);
-        assert_eq!(big.peek_result(), Some(Ok(8 * 64 * K as u64)));
-        assert_eq!(h.take_read(&small), 4 * K);
-        h.turn();
-        assert_eq!(small.peek_result(), Some(Ok(4 * K as u64)));
-        assert_eq!(h.reactor.copies_in_flight, 0);
-        assert!(h.reactor.copy_parked.is_empty());
-    }
-
-    /// Three large reads with one page-cache copy allowed: each ended copy wakes one parked
-    /// read, and every read finishes with all its bytes.
-    #[test]
-    fn parked_reads_take_turns_and_all_finish() {
-        let mut h = harness(64 * K, 64, 64 * K, 64);
-        h.reactor.cfg.punt_min = Some(64 * K);
-        h.reactor.cfg.page_cache_copies = 1;
-        let file = Arc::new(Target::fake(1));
-        let reads: Vec<_> = (0..3u64)
-            .map(|i| h.read(&file, i << 20, 4 * 64 * K as u64))
-            .collect();
-        let mut got = [0usize; 3];
-        for _ in 0..64 {
-            h.turn();
-            assert!(h.pending().len() <= 1, "one copy at a time");
-            h.complete_all();
-            h.turn();
-            for (g, r) in got.iter_mut().zip(&reads) {
-                *g += h.take_read(r);
-            }
-            if reads.iter().all(|r| r.peek_result().is_some()) {
-                break;
-            }
-        }
-        for (r, g) in reads.iter().zip(got) {
-            assert_eq!(g, 4 * 64 * K);
-            assert_eq!(r.peek_result(), Some(Ok(4 * 64 * K as u64)));
-        }
-        h.turn();
-        assert_eq!(h.reactor.copies_in_flight, 0);
-        assert_eq!(h.slots_in_use(), 0);
-    }
-
-    /// A read parked for a page-cache copy and then cancelled leaves the table; the parked
-    /// key is skipped afterwards.
-    #[test]
-    fn a_cancelled_parked_read_finishes() {
-        let mut h = harness(64 * K, 64, 64 * K, 64);
-        h.reactor.cfg.punt_min = Some(64 * K);
-        h.reactor.cfg.page_cache_copies = 1;
-        let file = Arc::new(Target::fake(1));
-        let first = h.read(&file, 0, 64 * K as u64);
-        let parked = h.read(&file, 1 << 20, 4 * 64 * K as u64);
-        h.turn();
-        assert_eq!(h.pending().len(), 1);
-        h.handle.send(Msg::Cancel(parked.clone()));
-        h.turn();
-        h.complete_all();
-        h.turn();
-        assert_eq!(h.take_read(&first), 64 * K);
-        h.turn();
-        assert_eq!(first.peek_result(), Some(Ok(64 * K as u64)));
-        assert!(
-            h.pending().is_empty(),
-            "nothing of the cancelled read started"
-        );
-        assert!(h.reactor.ops.is_empty());
-        assert_eq!(h.slots_in_use(), 0);
-    }
-
     /// Cancelling an op with pieces in the lane starts nothing more; the pieces' slots come
     /// back when the lane completes them, and the op leaves the table without a result.
     #[test]
@@ -662,4 +563,6 @@ mod tests {
         h.turn();
         assert_eq!(op.peek_result(), Some(Ok(64 << 20)));
     }
+
+    mod copies;
 }
