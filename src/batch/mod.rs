@@ -272,9 +272,14 @@ impl BatchPlan {
         }
     }
 
+    /// The number errors give descriptor `i` (its place, unless the plan was `numbered`).
+    pub(crate) fn number(&self, i: usize) -> usize {
+        self.numbers.as_ref().map_or(i, |n| n[i])
+    }
+
     fn invalid(&self, i: usize, why: String) -> Error {
         let d = &self.descs[i];
-        let n = self.numbers.as_ref().map_or(i, |n| n[i]);
+        let n = self.number(i);
         Error::invalid(
             d.file.ctx(OpKind::Read, d.offset),
             format!("batch descriptor {n}: {why}"),

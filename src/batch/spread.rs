@@ -35,10 +35,9 @@ use crate::error::{Error, OpKind, Result};
 /// ```
 #[derive(Debug)]
 pub struct SpreadPlan {
-    /// One plan per destination.
+    /// One plan per destination, numbering its descriptors by their places in the caller's
+    /// list (`BatchPlan::number`).
     parts: Vec<BatchPlan>,
-    /// Per part, each of its descriptors' place in the caller's list.
-    numbers: Vec<Vec<usize>>,
     /// Descriptors naming a destination that does not exist: `(place, destination, desc)`.
     rejected: Vec<(usize, usize, ReadDesc)>,
     /// Descriptors given.
@@ -66,12 +65,11 @@ impl SpreadPlan {
         }
         let parts = parts
             .into_iter()
-            .zip(&numbers)
-            .map(|(part, n)| BatchPlan::numbered(part, Some(n.clone())))
+            .zip(numbers)
+            .map(|(part, n)| BatchPlan::numbered(part, Some(n)))
             .collect();
         SpreadPlan {
             parts,
-            numbers,
             rejected,
             count,
         }
@@ -97,9 +95,9 @@ impl SpreadPlan {
     /// [`BatchResult::exact`]).
     pub fn descs(&self) -> Vec<ReadDesc> {
         let mut all: Vec<Option<ReadDesc>> = (0..self.count).map(|_| None).collect();
-        for (part, numbers) in self.parts.iter().zip(&self.numbers) {
-            for (d, &i) in part.descs().iter().zip(numbers) {
-                all[i] = Some(d.clone());
+        for part in &self.parts {
+            for (j, d) in part.descs().iter().enumerate() {
+                all[part.number(j)] = Some(d.clone());
             }
         }
         for (i, _, d) in &self.rejected {
@@ -142,8 +140,9 @@ impl SpreadPlan {
             ));
         }
         if dsts.len() != self.parts.len() {
-            for (part, numbers) in self.parts.iter().zip(&self.numbers) {
-                for (d, &i) in part.descs().iter().zip(numbers) {
+            for part in &self.parts {
+                for (j, d) in part.descs().iter().enumerate() {
+                    let i = part.number(j);
                     results[i] = Err(Error::invalid(
                         d.file.ctx(OpKind::Read, d.offset),
                         format!(
@@ -161,13 +160,13 @@ impl SpreadPlan {
             .iter()
             .zip(dsts.iter_mut())
             .map(|(part, dst)| part.read_into(dst));
-        for (done, numbers) in futures::future::join_all(runs)
+        for (done, part) in futures::future::join_all(runs)
             .await
             .into_iter()
-            .zip(&self.numbers)
+            .zip(&self.parts)
         {
-            for (r, &i) in done.into_results().into_iter().zip(numbers) {
-                results[i] = r;
+            for (j, r) in done.into_results().into_iter().enumerate() {
+                results[part.number(j)] = r;
             }
         }
         BatchResult { results }

@@ -121,7 +121,8 @@ impl OccupancySampler {
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_micros() as u64;
         if dt > 0 {
-            // Sub-microsecond gaps carry over to the next call.
+            // A gap under a microsecond is not lost: it is counted with the next interval
+            // (at that interval's state).
             self.last = now;
             let (k, g, s) = self.state;
             self.local[0] += dt;

@@ -34,9 +34,66 @@ fn punts(punt_min: Option<usize>, file: &Target, piece: &Piece) -> bool {
     buffered && punt_min.is_some_and(|m| piece.len >= m)
 }
 
+/// Whether a piece counts against the cap on page-cache copies: a read punted to io-wq into
+/// host memory (a bounce slot or an owned buffer; cuFile's device staging slots do not count).
+fn page_cache_copy(
+    punt_min: Option<usize>,
+    file: &Target,
+    piece: &Piece,
+    kind: OpKind,
+    on_device: bool,
+) -> bool {
+    kind == OpKind::Read && !on_device && punts(punt_min, file, piece)
+}
+
 impl Reactor {
-    /// Starts pieces while the queue depth and the bounce pool allow.
+    /// Starts pieces while the queue depth, the bounce pool and the page-cache copies allow.
+    /// Ops parked for a copy are woken while copies are free, before and after each pass: a
+    /// woken op may start no copy at all (its next pieces go O_DIRECT, lie past the end of
+    /// the file, or it was cancelled), and the free copy then goes to the next parked op.
     pub(super) fn schedule(&mut self) {
+        loop {
+            self.wake_parked();
+            self.schedule_pass();
+            if !self.may_wake_parked() {
+                break;
+            }
+        }
+    }
+
+    /// Whether a copy is free and an op waits for one (stale keys at the front are dropped).
+    fn may_wake_parked(&mut self) -> bool {
+        while let Some(&key) = self.copy_parked.front() {
+            if self.ops.get(key).is_some_and(|op| op.copy_parked) {
+                return self.copies_in_flight < self.cfg.page_cache_copies;
+            }
+            self.copy_parked.pop_front();
+        }
+        false
+    }
+
+    /// Puts parked ops back in the run queue, oldest first, one per free copy.
+    fn wake_parked(&mut self) {
+        let mut free = self
+            .cfg
+            .page_cache_copies
+            .saturating_sub(self.copies_in_flight);
+        while free > 0 && self.may_wake_parked() {
+            let Some(key) = self.copy_parked.pop_front() else {
+                break;
+            };
+            let op = &mut self.ops[key];
+            op.copy_parked = false;
+            if !op.in_runnable {
+                op.in_runnable = true;
+                self.runnable.push_back(key);
+            }
+            free -= 1;
+        }
+    }
+
+    /// One pass of [`schedule`](Self::schedule).
+    fn schedule_pass(&mut self) {
         self.unfence();
         let qd = self.cfg.queue_depth;
         while self.ios.len() < qd {
@@ -83,9 +140,9 @@ impl Reactor {
             if !room {
                 break;
             }
+            let on_device = op.gds && piece.via == Via::Main;
             if self.copies_in_flight >= self.cfg.page_cache_copies
-                && op.kind == OpKind::Read
-                && punts(self.cfg.punt_min, &op.file, &piece)
+                && page_cache_copy(self.cfg.punt_min, &op.file, &piece, op.kind, on_device)
             {
                 // Every page-cache copy is taken: this op waits for one to end, and ops
                 // behind it (small reads, direct ones) go on.
@@ -116,7 +173,6 @@ impl Reactor {
                     continue;
                 }
                 let op = &mut self.ops[key];
-                let on_device = op.gds && piece.via == Via::Main;
                 match self.slots.alloc(on_device, piece.len) {
                     Some(s) => {
                         op.held_bytes += s.size();
@@ -202,8 +258,13 @@ impl Reactor {
         let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
         // Owned reads (no slot) copy out of the page cache too; cuFile's staging slots do not.
         let copy = kind == IoKind::Read
-            && !slot.as_ref().is_some_and(|s| s.on_device)
-            && punts(self.cfg.punt_min, &op.file, &piece);
+            && page_cache_copy(
+                self.cfg.punt_min,
+                &op.file,
+                &piece,
+                op.kind,
+                slot.as_ref().is_some_and(|s| s.on_device),
+            );
         self.copies_in_flight += usize::from(copy);
         let token = self.ios.insert(InflightIo {
             op: key,
@@ -251,23 +312,8 @@ impl Reactor {
         if let Some(t) = &io.ticket {
             self.fence.release(t);
         }
-        if io.copy {
-            self.copies_in_flight -= 1;
-            // One copy ended: one parked op (the oldest still parked) may take it. Waking them
-            // all would have each look at the page cache again only to park once more.
-            while let Some(key) = self.copy_parked.pop_front() {
-                if let Some(op) = self.ops.get_mut(key) {
-                    if op.copy_parked {
-                        op.copy_parked = false;
-                        if !op.in_runnable {
-                            op.in_runnable = true;
-                            self.runnable.push_back(key);
-                        }
-                        break;
-                    }
-                }
-            }
-        }
+        // A parked op takes the freed copy at the next `schedule`.
+        self.copies_in_flight -= usize::from(io.copy);
         io
     }
 

@@ -101,3 +101,38 @@ fn a_cancelled_parked_read_finishes() {
     assert!(h.reactor.ops.is_empty());
     assert_eq!(h.slots_in_use(), 0);
 }
+
+/// A woken op that starts no copy (it was cancelled before its turn) does not strand the ops
+/// parked behind it: the free copy goes to the next one.
+#[test]
+fn a_free_copy_goes_to_the_next_parked_op() {
+    let mut h = harness(64 * K, 64, 64 * K, 64);
+    h.reactor.cfg.punt_min = Some(64 * K);
+    h.reactor.cfg.page_cache_copies = 1;
+    let file = Arc::new(Target::fake(1));
+    let first = h.read(&file, 0, 64 * K as u64);
+    let second = h.read(&file, 1 << 20, 2 * 64 * K as u64);
+    let third = h.read(&file, 2 << 20, 2 * 64 * K as u64);
+    h.turn();
+    assert_eq!(h.pending().len(), 1, "one copy; two ops parked");
+    h.complete_all();
+    h.turn();
+    assert_eq!(h.take_read(&first), 64 * K);
+    // The second op lost its turn: cancelled before it started anything.
+    h.handle.send(Msg::Cancel(second.clone()));
+    h.turn();
+    assert_eq!(h.pending().len(), 1, "the third op took the free copy");
+    let mut got = 0;
+    for _ in 0..8 {
+        h.complete_all();
+        h.turn();
+        got += h.take_read(&third);
+        h.turn();
+        if third.peek_result().is_some() {
+            break;
+        }
+    }
+    assert_eq!(got, 2 * 64 * K);
+    assert_eq!(third.peek_result(), Some(Ok(2 * 64 * K as u64)));
+    assert_eq!(h.reactor.copies_in_flight, 0);
+}
