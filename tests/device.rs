@@ -1,6 +1,10 @@
 //! Device memory: reads into and writes from GPU memory through the bounce path.
 //! Every test says loudly that it skipped where no usable CUDA device exists.
 
+// Each test holds its turn (`GPU_TURNS`) across its awaits on purpose: the lock orders whole
+// tests, and each test's runtime is its own, so no task waits on a lock held on its thread.
+#![allow(clippy::await_holding_lock)]
+
 mod common;
 
 use std::sync::Arc;
@@ -11,6 +15,12 @@ use gpuio::cuda::cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
 use gpuio::{Engine, OpenOptions};
+
+/// Tests of this binary run side by side, except the one that times reads against a stream a
+/// kernel holds: while that kernel runs, another test's device-wide synchronising call (an
+/// engine unpinning its pool, a synchronous free) can hold the driver's locks, so its copies
+/// would wait for its own kernel (2 of 5 runs of the binary on the H100 with four test threads).
+static GPU_TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn gpu(test: &str) -> Option<Arc<CudaContext>> {
     if !gpuio::cuda::available() {
@@ -42,6 +52,7 @@ fn formula_file(dir: &std::path::Path, len: usize) -> std::path::PathBuf {
 
 #[test]
 fn no_cuda_is_unsupported_not_a_panic() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     if gpuio::cuda::available() {
         skipped("no_cuda_is_unsupported_not_a_panic: this machine has a GPU");
         return;
@@ -52,6 +63,7 @@ fn no_cuda_is_unsupported_not_a_panic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn device_random_ranges_match_pread() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("device_random_ranges_match_pread") else {
         return;
     };
@@ -87,6 +99,7 @@ async fn device_random_ranges_match_pread() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn many_concurrent_reads_into_distinct_slices() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("many_concurrent_reads_into_distinct_slices") else {
         return;
     };
@@ -119,6 +132,7 @@ async fn many_concurrent_reads_into_distinct_slices() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn device_write_then_read_back() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("device_write_then_read_back") else {
         return;
     };
@@ -156,6 +170,7 @@ extern "C" __global__ void check(const unsigned char* d, unsigned long long n,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn read_ordered_on_stream_then_kernel_checks_it() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("read_ordered_on_stream_then_kernel_checks_it") else {
         return;
     };
@@ -194,6 +209,7 @@ async fn read_ordered_on_stream_then_kernel_checks_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn drop_and_leak_mid_flight_then_reuse_and_free() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("drop_and_leak_mid_flight_then_reuse_and_free") else {
         return;
     };
@@ -280,6 +296,7 @@ async fn drop_and_leak_mid_flight_then_reuse_and_free() {
 /// even after that other stream is gone (which turns cudarc's cross-stream tracking off).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn free_after_leaked_read_on_a_dropped_stream() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("free_after_leaked_read_on_a_dropped_stream") else {
         return;
     };
@@ -328,6 +345,7 @@ async fn free_after_leaked_read_on_a_dropped_stream() {
 
 #[test]
 fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("synchronize_waits_for_the_stream_without_blocking_the_thread") else {
         return;
     };
@@ -394,6 +412,7 @@ fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
 /// registers): the bytes land exactly there and nowhere around them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misaligned_device_pointers() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("misaligned_device_pointers") else {
         return;
     };
@@ -474,6 +493,7 @@ async fn misaligned_device_pointers() {
 /// pool lives on another GPU. Needs two GPUs; says so and skips otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_on_a_second_gpu() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     if gpu("memory_on_a_second_gpu").is_none() {
         return;
     }
@@ -522,6 +542,7 @@ async fn memory_on_a_second_gpu() {
 /// with the memory right after; fresh allocations must stay as written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_cached_reads_into_device_memory_skip_the_reactor() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     let Some(ctx) = gpu("small_cached_reads_into_device_memory_skip_the_reactor") else {
         return;
     };
@@ -622,6 +643,8 @@ async fn small_cached_reads_into_device_memory_skip_the_reactor() {
 /// lands: a copy that read its slot after the call would find the slot reused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_reads_return_their_slots_before_the_copies_run() {
+    // Timed: no other test of this binary runs meanwhile (see `GPU_TURNS`).
+    let _turn = GPU_TURNS.write().unwrap_or_else(|p| p.into_inner());
     const T: &str = "small_reads_return_their_slots_before_the_copies_run";
     let Some(ctx) = gpu(T) else {
         return;
@@ -691,6 +714,7 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
 /// it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_reads_on_the_legacy_stream_keep_its_order() {
+    let _turn = GPU_TURNS.read().unwrap_or_else(|p| p.into_inner());
     const T: &str = "small_reads_on_the_legacy_stream_keep_its_order";
     let Some(ctx) = gpu(T) else {
         return;

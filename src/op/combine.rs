@@ -22,7 +22,7 @@ use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch
 use super::device::{read_copies, stageable};
 use super::gate::Gated;
 use super::msg::{Msg, ReactorHandle};
-use super::{OpShared, ReadyPiece};
+use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
@@ -46,7 +46,7 @@ pub(crate) struct Combined {
     pub(crate) engine: Arc<ReactorHandle>,
     pub(crate) arena: Arc<BounceArena>,
     pub(crate) shared: Arc<OpShared>,
-    pub(crate) pieces: Vec<ReadyPiece>,
+    pub(crate) pieces: ReadyPieces,
     /// Device address of the read's destination, which stands for file bytes
     /// `[offset, offset + len)`.
     pub(crate) dptr: u64,
@@ -206,7 +206,7 @@ impl CopyCombiner {
                         share.keep.get_or_insert_with(|| st.keep.clone());
                     }
                     let slots = c.pieces.into_iter().map(|p| p.slot).collect();
-                    share.releases.push(Msg::Release(c.shared, slots));
+                    share.releases.push(Msg::Release(c.shared.op_ref(), slots));
                 }
                 for (share, ev) in shares.into_iter().zip(events) {
                     let gated = Gated::new(
@@ -281,7 +281,7 @@ impl Drop for CopyCombiner {
         // Pieces never flushed were never copied: their slots go straight back.
         for c in self.take() {
             let slots = c.pieces.into_iter().map(|p| p.slot).collect();
-            c.engine.send(Msg::Release(c.shared, slots));
+            c.engine.send(Msg::Release(c.shared.op_ref(), slots));
         }
     }
 }

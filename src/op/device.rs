@@ -10,7 +10,7 @@ use super::future::Transfer;
 use super::gate::Gated;
 use super::msg::{Msg, ReactorHandle};
 use super::request::{LeasedDst, OpRequest};
-use super::{OpShared, ReadyPiece, Staging};
+use super::{OpShared, ReadyPiece, ReadyPieces, Staging};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
@@ -253,11 +253,11 @@ impl DeviceCopyOut<'_> {
     /// stream; the caller copies them.
     fn copy_small(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
         own: &Arc<CudaStream>,
-    ) -> Result<Option<Msg>, Vec<ReadyPiece>> {
+    ) -> Result<Option<Msg>, ReadyPieces> {
         let (offset, len) = (self.offset, self.dst.byte_len());
         if !self.small_staged
             || len > super::cached::CACHED_READ_MAX
@@ -305,18 +305,18 @@ impl DeviceCopyOut<'_> {
                 why,
             )
         };
-        let slots = |pieces: Vec<ReadyPiece>| pieces.into_iter().map(|p| p.slot).collect();
+        let slots = |pieces: ReadyPieces| pieces.into_iter().map(|p| p.slot).collect();
         Ok(Some(match (queued, ordered) {
             (Ok(()), Ok(())) => {
                 SMALL_RELEASED_EARLY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Msg::Release(shared.clone(), slots(pieces))
+                Msg::Release(shared.op_ref(), slots(pieces))
             }
             (Ok(()), Err(e)) => {
                 // The copies have finished (`order_after` synchronised): the slots are free.
                 self.error = Some(fail(format!(
                     "ordering the memory's stream after the copies: {e}"
                 )));
-                Msg::Release(shared.clone(), slots(pieces))
+                Msg::Release(shared.op_ref(), slots(pieces))
             }
             (Err(why), _) => {
                 self.error = Some(fail(format!("copying into device memory: {why}")));
@@ -337,7 +337,7 @@ impl Drop for DeviceCopyOut<'_> {
 impl Transfer for DeviceCopyOut<'_> {
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
@@ -396,8 +396,9 @@ impl Transfer for DeviceCopyOut<'_> {
             drop(write_guard);
             Ok(())
         });
-        let release =
-            |s, p: Vec<ReadyPiece>| Msg::Release(s, p.into_iter().map(|p| p.slot).collect());
+        let release = |s: Arc<OpShared>, p: ReadyPieces| {
+            Msg::Release(s.op_ref(), p.into_iter().map(|p| p.slot).collect())
+        };
         gate_or_abandon(
             issued,
             pieces,
@@ -446,13 +447,13 @@ impl Transfer for DeviceCopyOut<'_> {
 #[allow(clippy::too_many_arguments)]
 fn gate_or_abandon(
     issued: Result<CudaEvent, CopyError>,
-    pieces: Vec<ReadyPiece>,
+    pieces: ReadyPieces,
     arena: &Arc<BounceArena>,
     shared: &Arc<OpShared>,
     error: &mut Option<Error>,
     op: OpKind,
     offset: u64,
-    then: impl FnOnce(Arc<OpShared>, Vec<ReadyPiece>) -> Msg,
+    then: impl FnOnce(Arc<OpShared>, ReadyPieces) -> Msg,
 ) -> Option<Msg> {
     let staging = shared.staging.get().map(|s| s.keep.clone());
     match issued {
@@ -486,7 +487,7 @@ pub(crate) struct DeviceFill<'a> {
 impl Transfer for DeviceFill<'_> {
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {

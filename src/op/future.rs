@@ -8,7 +8,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::msg::{Msg, ReactorHandle, SubmitMsg};
 use super::request::OpRequest;
-use super::{OpShared, ReadyPiece};
+use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
 
@@ -19,13 +19,17 @@ pub(crate) trait Transfer: Send + Unpin {
     /// any that do go straight back.
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         _arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         debug_assert!(pieces.is_empty());
-        (!pieces.is_empty())
-            .then(|| Msg::Release(shared.clone(), pieces.into_iter().map(|p| p.slot).collect()))
+        (!pieces.is_empty()).then(|| {
+            Msg::Release(
+                shared.op_ref(),
+                pieces.into_iter().map(|p| p.slot).collect(),
+            )
+        })
     }
 
     /// Called at the first poll, before the request goes to the reactor (a device read takes
@@ -51,7 +55,7 @@ pub(crate) enum Either<H, D> {
 impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {

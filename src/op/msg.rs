@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use super::gate::Gated;
 use super::request::OpRequest;
-use super::{OpShared, ReadyPiece};
-use crate::buf::arena::{BounceArena, BounceSlot};
+use super::{OpRef, OpShared, ReadyPieces};
+use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::doorbell::Doorbell;
 
@@ -51,10 +51,10 @@ impl Drop for SubmitMsg {
 /// Messages to the reactor.
 pub(crate) enum Msg {
     Submit(SubmitMsg),
-    /// Read slots whose data the future has copied out.
-    Release(Arc<OpShared>, Vec<BounceSlot>),
+    /// Read slots whose data the future has copied out (no `Arc<OpShared>`: see [`OpRef`]).
+    Release(OpRef, super::SlotList),
     /// Write slots the future has filled.
-    Filled(Arc<OpShared>, Vec<ReadyPiece>),
+    Filled(Arc<OpShared>, ReadyPieces),
     /// The future was dropped before completion.
     Cancel(Arc<OpShared>),
     /// Stop; complete the carried op (if any) when fully drained.
@@ -64,7 +64,7 @@ pub(crate) enum Msg {
     Gated(Gated),
     /// Pieces whose slots may still be in use by work nobody can track (a failed device copy):
     /// account for them, never reuse their slots.
-    Abandon(Arc<OpShared>, Vec<ReadyPiece>),
+    Abandon(Arc<OpShared>, ReadyPieces),
     /// A stream has passed work the op (in the table since its `OpRequest::Await`) waited
     /// for: always behind a gate.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

@@ -10,7 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::future::NoTransfer;
 use super::future::{Either, OpFuture, Transfer};
 use super::msg::Msg;
-use super::{OpShared, ReadyPiece};
+use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -23,11 +23,11 @@ pub(crate) struct HostCopyOut<'a> {
 impl Transfer for HostCopyOut<'_> {
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
-        let mut slots = Vec::with_capacity(pieces.len());
+        let mut slots = super::SlotList::with_capacity(pieces.len());
         for p in pieces {
             if let Some((from, to, n)) = p.overlap(self.offset, self.dst.len()) {
                 let to = to as usize;
@@ -39,7 +39,7 @@ impl Transfer for HostCopyOut<'_> {
             }
             slots.push(p.slot);
         }
-        Some(Msg::Release(shared.clone(), slots))
+        Some(Msg::Release(shared.op_ref(), slots))
     }
 }
 

@@ -10,7 +10,7 @@ use std::task::{Context as TaskContext, Poll};
 use super::future::NoTransfer;
 use super::future::{Either, OpFuture, Transfer};
 use super::msg::Msg;
-use super::{OpShared, ReadyPiece};
+use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
@@ -23,7 +23,7 @@ pub(crate) struct HostFill<'a> {
 impl Transfer for HostFill<'_> {
     fn transfer(
         &mut self,
-        pieces: Vec<ReadyPiece>,
+        pieces: ReadyPieces,
         arena: &Arc<BounceArena>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {

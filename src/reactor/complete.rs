@@ -81,7 +81,13 @@ impl Reactor {
                     self.maybe_finish(key);
                     return;
                 }
-                op.shared.push_ready(ready);
+                // Woken after `maybe_finish`, which sets the result if this was the last piece.
+                let waker = op.shared.stage_ready(ready);
+                self.maybe_finish(key);
+                if let Some(w) = waker {
+                    w.wake();
+                }
+                return;
             } else {
                 self.free_op_slot(key, slot);
             }

@@ -25,7 +25,7 @@ use crate::error::Error;
 use crate::op::gate::{Gate, GateState, Gated};
 use crate::op::msg::Msg;
 use crate::op::request::LeasedDst;
-use crate::op::{OpShared, ReadyPiece};
+use crate::op::{OpShared, ReadyPiece, ReadyPieces};
 
 /// How often the reactor looks at a leased op's first event while its pieces wait for it.
 pub(super) const PRIOR_WORK_POLL: Duration = Duration::from_micros(20);
@@ -64,7 +64,7 @@ pub(super) struct LeasedOp {
     /// The lease's first event has completed: copies may go.
     prior_done: bool,
     /// Read pieces waiting for their copy.
-    pending: Vec<ReadyPiece>,
+    pending: ReadyPieces,
     /// Bounce bytes this op holds while its prior work is not done (counted in
     /// `Copies::speculative`).
     spec_bytes: usize,
@@ -140,7 +140,7 @@ impl Reactor {
                     dst,
                     stream,
                     prior_done: false,
-                    pending: Vec::new(),
+                    pending: ReadyPieces::new(),
                     spec_bytes: 0,
                     prior_error: None,
                 })
@@ -299,7 +299,7 @@ impl Reactor {
         }
         let waiting = std::mem::take(&mut self.copies.waiting);
         let mut jobs: Vec<Vec<Job>> = (0..self.copies.streams.len()).map(|_| Vec::new()).collect();
-        let mut slots: Vec<Vec<(Arc<OpShared>, Vec<ReadyPiece>)>> =
+        let mut slots: Vec<Vec<(Arc<OpShared>, ReadyPieces)>> =
             (0..self.copies.streams.len()).map(|_| Vec::new()).collect();
         let mut touched = Vec::new();
         // Leases whose copies are being queued: their futures' drops wait until the batch
@@ -392,12 +392,7 @@ impl Reactor {
 
     /// Queues `jobs` on copy stream `i` and gates the slots behind one event; on failure the
     /// ops fail and the slots are abandoned (a copy may have been queued).
-    fn run_batch(
-        &mut self,
-        i: usize,
-        jobs: Vec<Job>,
-        slots: Vec<(Arc<OpShared>, Vec<ReadyPiece>)>,
-    ) {
+    fn run_batch(&mut self, i: usize, jobs: Vec<Job>, slots: Vec<(Arc<OpShared>, ReadyPieces)>) {
         let cs = &self.copies.streams[i];
         let issued = cs
             .ctx
@@ -422,7 +417,7 @@ impl Reactor {
             Ok(gate) => {
                 let releases = slots
                     .into_iter()
-                    .map(|(s, p)| Msg::Release(s, p.into_iter().map(|p| p.slot).collect()))
+                    .map(|(s, p)| Msg::Release(s.op_ref(), p.into_iter().map(|p| p.slot).collect()))
                     .collect();
                 self.gated
                     .push(Gated::new(Box::new(gate), Msg::Many(releases), &self.arena));

@@ -114,7 +114,7 @@ mod tests {
     use crate::lane::doorbell::Doorbell;
     use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
     use crate::op::request::OpRequest;
-    use crate::op::{OpShared, ReadyPiece};
+    use crate::op::{OpShared, ReadyPieces};
     use crate::reactor::{Reactor, ReactorConfig, Turn};
     use crate::target::Target;
 
@@ -219,14 +219,14 @@ mod tests {
                 seen += p.valid;
             }
             let slots = pieces.into_iter().map(|p| p.slot).collect();
-            self.handle.send(Msg::Release(op.clone(), slots));
+            self.handle.send(Msg::Release(op.op_ref(), slots));
             seen
         }
 
         /// The future's part of a write: fills the empty slots handed over and sends them
         /// back. Returns the pieces filled.
         fn fill_write(&self, op: &Arc<OpShared>) -> usize {
-            let pieces: Vec<ReadyPiece> = op.reclaim_ready();
+            let pieces: ReadyPieces = op.reclaim_ready();
             let n = pieces.len();
             for p in &pieces {
                 // SAFETY: as in `take_read`.
@@ -456,12 +456,12 @@ mod tests {
         );
         h.complete_all();
         h.turn();
-        let slots: Vec<_> = op.reclaim_ready().into_iter().map(|p| p.slot).collect();
+        let slots: crate::op::SlotList = op.reclaim_ready().into_iter().map(|p| p.slot).collect();
         assert_eq!(slots.len(), started);
         let state = Arc::new(std::sync::atomic::AtomicU8::new(2));
         h.handle.send(Msg::Gated(Gated::new(
             Box::new(HandGate(state)),
-            Msg::Release(op.clone(), slots),
+            Msg::Release(op.op_ref(), slots),
             &h.arena,
         )));
         for _ in 0..3 {
@@ -565,4 +565,5 @@ mod tests {
     }
 
     mod copies;
+    mod release;
 }

@@ -55,10 +55,10 @@ impl Reactor {
             Msg::Filled(shared, pieces) | Msg::Abandon(shared, pieces) => {
                 self.handle(Msg::Abandon(shared, pieces));
             }
-            Msg::Release(shared, slots) => {
+            Msg::Release(op, slots) => {
                 // The slots stay out of the pool, but the op must not wait for them: it fails.
-                let key = shared.key();
-                if self.is_live(key, &shared) {
+                let key = op.key;
+                if self.is_live_ref(op) {
                     for s in slots {
                         self.uncount_op_slot(key, s);
                     }

@@ -203,6 +203,8 @@ pub(crate) struct Reactor {
     spdk: Option<crate::lane::spdk::SpdkLane>,
     /// Fault injection: panic at the next completion.
     panic_armed: bool,
+    /// The serial number the next op taken gets (`crate::op::OpRef`).
+    next_serial: u64,
     /// Adds up where pieces spend their time (`Engine::occupancy`).
     occupancy: OccupancySampler,
 }
@@ -268,6 +270,7 @@ impl Reactor {
             copies: copies::Copies::default(),
             spdk: None,
             panic_armed: false,
+            next_serial: 0,
             occupancy: OccupancySampler::new(),
         }
     }

@@ -10,10 +10,10 @@ use std::time::Instant;
 use super::Reactor;
 use crate::buf::arena::BounceSlot;
 use crate::error::{Context, Error, OpKind};
-use crate::op::OpShared;
 use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
+use crate::op::{OpRef, OpShared};
 use crate::plan::{Piece, ReadPlan, Via, WritePlan, residency};
 use crate::target::Target;
 
@@ -136,9 +136,9 @@ impl Reactor {
                 };
                 self.accept(shared, req);
             }
-            Msg::Release(shared, slots) => {
-                let key = shared.key();
-                let live = self.is_live(key, &shared);
+            Msg::Release(op, slots) => {
+                let key = op.key;
+                let live = self.is_live_ref(op);
                 for s in slots {
                     if live {
                         self.free_op_slot(key, s);
@@ -377,7 +377,7 @@ impl Reactor {
             #[cfg(feature = "cuda")]
             leased,
         });
-        shared.key.store(key, Ordering::Relaxed);
+        self.name_op(&shared, key);
         if empty {
             self.maybe_finish(key);
         } else {
@@ -429,7 +429,7 @@ impl Reactor {
             #[cfg(feature = "cuda")]
             leased: None,
         });
-        shared.key.store(key, Ordering::Relaxed);
+        self.name_op(&shared, key);
         // Queued on the stream already, so taken even while shutting down: shutdown waits for
         // it like for any piece in flight.
         self.gated.push(gated);
@@ -536,6 +536,20 @@ impl Reactor {
             }
             self.free_op_slot(key, p.slot);
         }
+    }
+
+    /// Gives the op at `key` its serial number (`OpRef`).
+    fn name_op(&mut self, shared: &OpShared, key: usize) {
+        shared.key.store(key, Ordering::Relaxed);
+        shared.serial.store(self.next_serial, Ordering::Relaxed);
+        self.next_serial += 1;
+    }
+
+    /// Whether `op` names an op still in the table (not a later one under a reused key).
+    pub(super) fn is_live_ref(&self, op: OpRef) -> bool {
+        self.ops
+            .get(op.key)
+            .is_some_and(|o| o.shared.serial.load(Ordering::Relaxed) == op.serial)
     }
 
     pub(super) fn is_live(&self, key: usize, shared: &Arc<OpShared>) -> bool {

@@ -16,7 +16,7 @@ impl Gate for FixedGate {
 }
 
 fn gated(state: fn() -> GateState, arena: &Arc<BounceArena>) -> Gated {
-    let release = Msg::Release(OpShared::new(), Vec::new());
+    let release = Msg::Release(OpShared::new().op_ref(), Default::default());
     Gated::new(Box::new(FixedGate(state)), release, arena)
 }
 
