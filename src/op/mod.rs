@@ -137,19 +137,17 @@ impl OpShared {
 
     /// Reactor: hand a piece to the future. Wakes it if it was waiting.
     pub(crate) fn push_ready(&self, p: ReadyPiece) {
-        if let Some(w) = self.stage_ready(p) {
-            w.wake();
-        }
+        drop(self.stage_ready(p));
     }
 
-    /// Reactor: hand a piece to the future and return its waker for the caller to wake once
-    /// the op's state is settled. When the piece is the op's last, waking after the result is
-    /// set too means one wake instead of two (a future woken for the piece alone would find no
-    /// result, wait again, and need a second wake from another thread).
-    pub(crate) fn stage_ready(&self, p: ReadyPiece) -> Option<Waker> {
+    /// Reactor: hand a piece to the future, which is woken when the returned value is dropped,
+    /// once the caller has settled the op's state. When the piece is the op's last, waking
+    /// after the result is set too means one wake instead of two (a future woken for the piece
+    /// alone would find no result, wait again, and need a second wake from another thread).
+    pub(crate) fn stage_ready(&self, p: ReadyPiece) -> DeferredWake {
         let mut st = self.lock();
         st.ready.push(p);
-        st.waker.take()
+        DeferredWake(st.waker.take())
     }
 
     /// Reactor: hands an owned buffer back, once no I/O can touch it (before `complete`).
@@ -186,6 +184,20 @@ impl OpShared {
             st.waker.take()
         };
         if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// A future's waker taken out of its op, woken when this is dropped: on the normal path after
+/// the reactor has settled the op, and on a panic's unwinding too, so the future always polls
+/// again and sees what the reactor's death handling leaves it (a lost waker would hang it).
+#[must_use = "dropping it at once wakes the future now"]
+pub(crate) struct DeferredWake(Option<Waker>);
+
+impl Drop for DeferredWake {
+    fn drop(&mut self) {
+        if let Some(w) = self.0.take() {
             w.wake();
         }
     }

@@ -82,11 +82,8 @@ impl Reactor {
                     return;
                 }
                 // Woken after `maybe_finish`, which sets the result if this was the last piece.
-                let waker = op.shared.stage_ready(ready);
+                let _wake = op.shared.stage_ready(ready);
                 self.maybe_finish(key);
-                if let Some(w) = waker {
-                    w.wake();
-                }
                 return;
             } else {
                 self.free_op_slot(key, slot);
