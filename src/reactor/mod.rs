@@ -14,9 +14,10 @@
 //! A future sends `Msg::Submit` through an MPSC queue and rings the eventfd doorbell if the
 //! reactor sleeps. The reactor plans the request into chunk pieces (`crate::plan`),
 //! gives each piece a bounce slot and submits it, up to the queue depth. When a piece
-//! completes, the slot is handed to the future (`OpShared::push_ready`) and its waker woken;
-//! the future's `poll` copies the bytes into the caller's buffer and sends the slot back
-//! (`Msg::Release`). Writes run the other way: the reactor hands out empty slots, `poll`
+//! completes, the slot is handed to the future (`OpShared::stage_ready`) and its waker woken,
+//! once, after the op's result is set where that was its last piece; the future's `poll`
+//! copies the bytes into the caller's buffer and sends the slot back (`Msg::Release`, naming
+//! the op by `OpRef`). Nothing on this path allocates for a one- or two-piece read. Writes run the other way: the reactor hands out empty slots, `poll`
 //! fills them from the caller's buffer and sends them back (`Msg::Filled`) to be written.
 //!
 //! # Soundness under cancellation and leaks
