@@ -383,6 +383,10 @@ async fn measure(
     let engine = match a.reactor_tick_us {
         Some(us) => engine.reactor_tick(Duration::from_micros(us)),
         None => engine,
+    };
+    let engine = match a.sqpoll_idle_ms {
+        Some(ms) => engine.submission_polling(Duration::from_millis(ms)),
+        None => engine,
     }
     .build()?;
     let nvme = a.nvme.as_deref().filter(|_| backend == BenchBackend::Spdk);

@@ -239,6 +239,7 @@ pub(crate) unsafe fn is_capturing(stream: CUstream) -> Result<bool, String> {
 /// the ranges are checked against them, so bad arguments are an error, never a stray write.
 /// cudarc's events order the copy after earlier uses of both buffers and later uses after it.
 #[allow(clippy::too_many_arguments)]
+#[cfg(feature = "safetensors")] // only tensor cuts use it
 pub(crate) fn copy_rows(
     stream: &cudarc::driver::CudaStream,
     dst: &mut cudarc::driver::CudaSlice<u8>,

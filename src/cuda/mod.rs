@@ -70,7 +70,7 @@ pub(crate) mod event;
 pub(crate) mod lease;
 #[cfg(feature = "cuda")]
 pub(crate) mod memops;
-#[cfg(feature = "cuda")]
+#[cfg(all(feature = "cuda", feature = "safetensors"))]
 pub(crate) use memops::copy_rows;
 #[cfg(feature = "cuda")]
 pub mod peer;

@@ -12,7 +12,7 @@ use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
 use crate::lane::pread::PreadLane;
-use crate::lane::uring::UringLane;
+use crate::lane::uring::{UringLane, UringOptions};
 use crate::op::msg::{Msg, ReactorHandle};
 use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
@@ -45,6 +45,7 @@ pub struct EngineBuilder {
     /// Whether io_uring timed waits may use `IORING_ENTER_EXT_ARG` where the kernel has it
     /// (off in tests only: the timeout-SQE path that Linux 5.6–5.10 takes).
     uring_ext_arg: bool,
+    submission_polling: Option<std::time::Duration>,
 }
 
 impl Default for EngineBuilder {
@@ -69,6 +70,7 @@ impl Default for EngineBuilder {
             reactor_spin: std::time::Duration::ZERO,
             reactor_tick: DEFAULT_REACTOR_TICK,
             uring_ext_arg: true,
+            submission_polling: None,
         }
     }
 }
@@ -336,6 +338,19 @@ impl EngineBuilder {
         self
     }
 
+    /// Lets a kernel thread poll io_uring's submission queue (`IORING_SETUP_SQPOLL`), sleeping
+    /// after `idle` without work (rounded to milliseconds, at least one; default: off). The
+    /// reactor then no longer pays the submission path itself: for small O_DIRECT reads on a
+    /// fast device that is close to half of its time, and the reactor is their limit
+    /// (BENCHMARKS.md, "Sixth session"). The price is that thread: up to a core while I/O
+    /// flows, per engine. Where the kernel refuses it the ring is set up as without it, and
+    /// the detail of [`Engine::backend`](crate::Engine::backend) says why. Ignored by the pread
+    /// pool.
+    pub fn submission_polling(mut self, idle: std::time::Duration) -> Self {
+        self.submission_polling = Some(idle);
+        self
+    }
+
     /// Tests only: timed waits as on a kernel without `IORING_ENTER_EXT_ARG`.
     #[cfg(test)]
     pub(crate) fn without_ext_arg(mut self) -> Self {
@@ -422,7 +437,10 @@ impl EngineBuilder {
         let qd = sizing.queue_depth;
         let threads = self.pread_threads.unwrap_or(qd.min(64));
         let iowq = sizing.iowq_workers;
-        let ext_arg = self.uring_ext_arg;
+        let uring_opts = UringOptions {
+            ext_arg: self.uring_ext_arg,
+            sqpoll: self.submission_polling,
+        };
         let reactor_shared = shared.clone();
         let cfg = ReactorConfig {
             buffered_chunk: sizing.buffered_chunk,
@@ -444,7 +462,8 @@ impl EngineBuilder {
             .spawn(move || {
                 let _exit = exit_tx;
                 let main =
-                    match make_main_lane(backend, qd, iowq, threads, &arena, &doorbell, ext_arg) {
+                    match make_main_lane(backend, qd, iowq, threads, &arena, &doorbell, uring_opts)
+                    {
                         Ok(d) => d,
                         Err(e) => {
                             let _ = setup_tx.send(Err(e));
@@ -503,7 +522,7 @@ fn make_main_lane(
     threads: usize,
     arena: &BounceArena,
     doorbell: &Arc<Doorbell>,
-    ext_arg: bool,
+    uring_opts: UringOptions,
 ) -> Result<Box<dyn Lane>> {
     let ctx = || Context::op(OpKind::Setup);
     let uring = || {
@@ -515,7 +534,7 @@ fn make_main_lane(
                 iowq,
                 &arena.block_iovecs(),
                 doorbell.raw_fd(),
-                ext_arg,
+                uring_opts,
             )
         }
         .map(|l| Box::new(l) as Box<dyn Lane>)

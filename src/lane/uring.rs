@@ -17,6 +17,9 @@ pub enum RingFlags {
     CoopTaskrun,
     /// No optional flags.
     Plain,
+    /// `IORING_SETUP_SQPOLL | IORING_SETUP_SINGLE_ISSUER` (asked for with
+    /// `EngineBuilder::submission_polling`): a kernel thread takes the reactor's submissions.
+    SqPoll,
 }
 
 impl std::fmt::Display for RingFlags {
@@ -25,14 +28,34 @@ impl std::fmt::Display for RingFlags {
             RingFlags::SingleIssuerDeferTaskrun => "SINGLE_ISSUER|DEFER_TASKRUN|TASKRUN_FLAG",
             RingFlags::CoopTaskrun => "COOP_TASKRUN|TASKRUN_FLAG",
             RingFlags::Plain => "plain",
+            RingFlags::SqPoll => "SQPOLL|SINGLE_ISSUER",
         })
     }
 }
 
 /// Builds a ring with the best flags the kernel accepts. Returns the ring, its flags and one
 /// line per refused attempt.
-pub(crate) fn setup_ring(entries: u32) -> io::Result<(IoUring, RingFlags, Vec<String>)> {
+///
+/// `sqpoll`: ask first for a kernel thread that polls the submission queue and goes to sleep
+/// after this long without work. It then pays the submission path (for a fast block device,
+/// the driver's own work too) instead of the reactor, for up to a core while busy. Refused
+/// (an old kernel, or no permission before Linux 5.11), the ring is set up as without it.
+pub(crate) fn setup_ring(
+    entries: u32,
+    sqpoll: Option<std::time::Duration>,
+) -> io::Result<(IoUring, RingFlags, Vec<String>)> {
     let mut refused = Vec::new();
+    if let Some(idle) = sqpoll {
+        let idle_ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX).max(1);
+        match IoUring::builder()
+            .setup_sqpoll(idle_ms)
+            .setup_single_issuer()
+            .build(entries)
+        {
+            Ok(r) => return Ok((r, RingFlags::SqPoll, refused)),
+            Err(e) => refused.push(format!("SQPOLL refused: {e}")),
+        }
+    }
     match IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
@@ -90,6 +113,15 @@ const DOORBELL_TOKEN: u64 = u64::MAX;
 /// The timeout SQE that bounds a timed wait on kernels without `IORING_ENTER_EXT_ARG`.
 const TIMEOUT_TOKEN: u64 = u64::MAX - 1;
 
+/// How the engine asks for its ring.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct UringOptions {
+    /// Timed waits may pass their timeout to io_uring_enter (`false`: tests of old kernels).
+    pub(crate) ext_arg: bool,
+    /// Submission-queue polling with this idle time (`EngineBuilder::submission_polling`).
+    pub(crate) sqpoll: Option<std::time::Duration>,
+}
+
 /// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
 pub(crate) struct UringLane {
     ring: IoUring,
@@ -126,11 +158,14 @@ impl UringLane {
         iowq_workers: Option<u32>,
         iovecs: &[libc::iovec],
         doorbell_fd: i32,
-        ext_arg_allowed: bool,
+        opts: UringOptions,
     ) -> io::Result<Self> {
-        // One more entry for the doorbell read and one for a timeout SQE.
+        // One more entry for the doorbell read and one for a timeout SQE. At most `depth`
+        // pieces are ever out, so the submission queue never fills, even while a polling
+        // kernel thread has not yet taken what was pushed.
         let entries = (depth + 2).next_power_of_two().max(8);
-        let (ring, flags, mut refused) = setup_ring(entries)?;
+        let (ring, flags, mut refused) = setup_ring(entries, opts.sqpoll)?;
+        let ext_arg_allowed = opts.ext_arg;
         let ext_arg = ext_arg_allowed && ring.params().is_feature_ext_arg();
         if !ext_arg {
             refused.push(if ext_arg_allowed {
@@ -401,7 +436,7 @@ pub fn probe() -> UringProbe {
     let disabled_sysctl = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
         .ok()
         .map(|s| s.trim().to_string());
-    match setup_ring(8) {
+    match setup_ring(8, None) {
         Ok((_ring, flags, notes)) => UringProbe {
             available: true,
             flags: Some(flags),

@@ -55,6 +55,25 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
         Ok(e) => v.push(("io_uring", e)),
         Err(e) => skipped(format!("io_uring backend in this test: {e}")),
     }
+    // The same with a kernel thread taking submissions (`IORING_SETUP_SQPOLL`).
+    match Engine::builder()
+        .backend(Backend::Uring)
+        .chunk_size(256 << 10)
+        .queue_depth(8)
+        .bounce_slots(16)
+        .page_cache_fast_path(false)
+        .submission_polling(std::time::Duration::from_millis(2))
+        .build()
+    {
+        Ok(e) if e.backend().detail.contains("SQPOLL") => v.push(("io_uring, SQPOLL", e)),
+        Ok(e) => skipped(format!(
+            "submission polling in this test: the kernel refused it ({})",
+            e.backend().detail
+        )),
+        Err(e) => skipped(format!(
+            "io_uring with submission polling in this test: {e}"
+        )),
+    }
     v.push((
         "pread",
         Engine::builder()

@@ -253,6 +253,10 @@ pub struct BenchArgs {
     /// default: the engine's, 100).
     #[arg(long, value_name = "US")]
     pub(crate) reactor_tick_us: Option<u64>,
+    /// Let a kernel thread poll io_uring's submission queue, sleeping after this many idle
+    /// milliseconds (`EngineBuilder::submission_polling`; default: off). Costs up to a core.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub(crate) sqpoll_idle_ms: Option<u64>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     pub(crate) json: bool,
