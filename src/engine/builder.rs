@@ -340,12 +340,15 @@ impl EngineBuilder {
 
     /// Lets a kernel thread poll io_uring's submission queue (`IORING_SETUP_SQPOLL`), sleeping
     /// after `idle` without work (rounded to milliseconds, at least one; default: off). The
-    /// reactor then no longer pays the submission path itself: for small O_DIRECT reads on a
-    /// fast device that is close to half of its time, and the reactor is their limit
-    /// (BENCHMARKS.md, "Sixth session"). The price is that thread: up to a core while I/O
-    /// flows, per engine. Where the kernel refuses it the ring is set up as without it, and
-    /// the detail of [`Engine::backend`](crate::Engine::backend) says why. Ignored by the pread
-    /// pool.
+    /// reactor then no longer pays the submission path itself, which for small O_DIRECT reads
+    /// on a fast device is close to half of its time; the price is that thread, a full core
+    /// while I/O flows, per engine. Measured on a RAM-backed loop device (H100 host, 4 KiB
+    /// QD64, BENCHMARKS.md "Sixth session") it did not pay: the polling thread, which now runs
+    /// the device driver's submission work, became the limit at one core, and IOPS fell 4–12%
+    /// (owned reads: +3%, within noise); warm 16 MiB reads lost 3%. Hence off by default; try it
+    /// where submissions are cheap for the kernel and many small reads meet a busy reactor.
+    /// Where the kernel refuses it the ring is set up as without it, and the detail of
+    /// [`Engine::backend`](crate::Engine::backend) says why. Ignored by the pread pool.
     pub fn submission_polling(mut self, idle: std::time::Duration) -> Self {
         self.submission_polling = Some(idle);
         self

@@ -254,7 +254,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "US")]
     pub(crate) reactor_tick_us: Option<u64>,
     /// Let a kernel thread poll io_uring's submission queue, sleeping after this many idle
-    /// milliseconds (`EngineBuilder::submission_polling`; default: off). Costs up to a core.
+    /// milliseconds (`EngineBuilder::submission_polling`; default: off). Costs a core while
+    /// I/O flows; measured slower on a RAM-backed loop device (BENCHMARKS.md).
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub(crate) sqpoll_idle_ms: Option<u64>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
