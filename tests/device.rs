@@ -19,7 +19,8 @@ use gpuio::{Engine, OpenOptions};
 /// Tests of this binary run side by side, except the one that times reads against a stream a
 /// kernel holds. Beside other tests it took the whole hold; alone, never. Most likely, while
 /// that kernel runs, another test's device-wide synchronising call (an engine unpinning its
-/// pool, a synchronous free) holds the driver's locks, so its copies wait for its own kernel (2 of 5 runs of the binary on the H100 with four test threads).
+/// pool, a synchronous free) holds the driver's locks, so its copies wait for its own kernel
+/// (2 of 5 runs of the binary on the H100 with four test threads).
 static GPU_TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
 fn gpu(test: &str) -> Option<Arc<CudaContext>> {
