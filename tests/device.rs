@@ -707,6 +707,43 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
     }
 }
 
+/// Dropping an engine whose bounce pool is pinned never waits for a kernel on another stream:
+/// `cuMemHostUnregister` waits for the whole device (1.7 s behind a 2 s kernel on the H100),
+/// so the pool is unpinned on a thread of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_an_engine_never_waits_for_other_streams_kernels() {
+    const T: &str = "dropping_an_engine_never_waits_for_other_streams_kernels";
+    // Timed: no other test of this binary runs meanwhile (see `GPU_TURNS`).
+    let _turn = GPU_TURNS.write().unwrap_or_else(|p| p.into_inner());
+    let Some(ctx) = gpu(T) else {
+        return;
+    };
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "drop", 1 << 20, 44);
+    let engine = Engine::builder().build().unwrap();
+    let f = engine.open(&path).unwrap();
+    let stream = ctx.new_stream().unwrap();
+    let mut dst = stream.alloc_zeros::<u8>(1 << 20).unwrap();
+    // Large enough to go through the reactor's pool, which it pins.
+    assert_eq!(f.read_into(&mut dst, 0).await.unwrap(), 1 << 20);
+    assert!(d2h(&stream, &dst) == data, "the read landed wrong");
+    let other = ctx.new_stream().unwrap();
+    let mut spinner = Spinner::new(&other);
+    let hold = Duration::from_secs(2);
+    spinner.hold(&other, hold.as_nanos() as u64);
+    let t0 = std::time::Instant::now();
+    drop(f);
+    engine.shutdown().await.unwrap();
+    drop(engine);
+    let took = t0.elapsed();
+    other.synchronize().unwrap();
+    assert!(
+        took < hold / 2,
+        "dropping the engine waited for another stream's kernel: {took:?}"
+    );
+    eprintln!("{T}: engine dropped in {took:?} beside a {hold:?} kernel");
+}
+
 /// Small cached reads into memory used on the legacy default stream (torch's and cupy's
 /// default): served on the polling thread through gpuio's side stream, in the legacy stream's
 /// order both ways. Behind a kernel holding the legacy stream, a pattern is written over the
