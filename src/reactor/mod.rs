@@ -56,7 +56,9 @@
 //! `Engine::shutdown` (or the last engine handle going away) stops new work, fails unstarted
 //! pieces with `Error::Shutdown`, reclaims slots not yet picked up, waits for every piece the
 //! kernel holds to complete, retires the doorbell read, and only then lets the ring and pool
-//! memory go. A panic in the reactor fails every pending operation with `Error::ReactorDied`
+//! memory go. A pool CUDA pinned is unpinned and unmapped on a thread of its own once its last
+//! user is gone: `cuMemHostUnregister` waits for all work on the device, and an engine's drop
+//! must not wait for the application's kernels. A panic in the reactor fails every pending operation with `Error::ReactorDied`
 //! and leaks (never frees) memory the kernel may still write.
 
 mod complete;
