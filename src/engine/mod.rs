@@ -103,7 +103,8 @@ impl Drop for EngineInner {
     fn drop(&mut self) {
         // Last handle gone: close the queue and wake the reactor, which drains (operations
         // still pending fail with `Error::Shutdown`) and exits; then join it, so that its
-        // ring, workers and pinned pool are gone when this returns (memory a device may still
+        // ring and workers are gone when this returns and its pool is on its way out (a pinned
+        // pool is unpinned on a thread of its own, `buf::arena`; memory a device may still
         // write is quarantined instead, see `reactor::death`).
         self.shared.close();
         let Some(t) = self.reactor.take() else { return };
