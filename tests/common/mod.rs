@@ -42,26 +42,22 @@ pub fn pread_ref(path: &Path, off: u64, len: usize) -> Vec<u8> {
 /// span many chunks and the pool runs out. io_uring is skipped, loudly, where unavailable.
 pub fn engines() -> Vec<(&'static str, Engine)> {
     let mut v = Vec::new();
-    // The first two take every read through the reactor (small ones included), the third
+    // The first three take every read through the reactor (small ones included), the last
     // serves small page-cache hits on the polling thread, as the default engine does.
-    match Engine::builder()
-        .backend(Backend::Uring)
-        .chunk_size(256 << 10)
-        .queue_depth(8)
-        .bounce_slots(16)
-        .page_cache_fast_path(false)
-        .build()
-    {
+    let through_reactor = |backend| {
+        Engine::builder()
+            .backend(backend)
+            .chunk_size(256 << 10)
+            .queue_depth(8)
+            .bounce_slots(16)
+            .page_cache_fast_path(false)
+    };
+    match through_reactor(Backend::Uring).build() {
         Ok(e) => v.push(("io_uring", e)),
         Err(e) => skipped(format!("io_uring backend in this test: {e}")),
     }
     // The same with a kernel thread taking submissions (`IORING_SETUP_SQPOLL`).
-    match Engine::builder()
-        .backend(Backend::Uring)
-        .chunk_size(256 << 10)
-        .queue_depth(8)
-        .bounce_slots(16)
-        .page_cache_fast_path(false)
+    match through_reactor(Backend::Uring)
         .submission_polling(std::time::Duration::from_millis(2))
         .build()
     {
@@ -74,17 +70,7 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
             "io_uring with submission polling in this test: {e}"
         )),
     }
-    v.push((
-        "pread",
-        Engine::builder()
-            .backend(Backend::Pread)
-            .chunk_size(256 << 10)
-            .queue_depth(8)
-            .bounce_slots(16)
-            .page_cache_fast_path(false)
-            .build()
-            .unwrap(),
-    ));
+    v.push(("pread", through_reactor(Backend::Pread).build().unwrap()));
     v.push((
         "auto, page-cache fast path",
         Engine::builder()
