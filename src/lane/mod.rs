@@ -153,6 +153,12 @@ pub(crate) trait Lane: Send {
     fn uses_fixed_buffers(&self) -> bool {
         false
     }
+    /// Whether buffered pieces are copied out of the page cache by a pool the kernel sizes
+    /// (io_uring's io-wq), which the reactor then caps (`ReactorConfig::page_cache_copies`).
+    /// A lane whose own threads are its concurrency (the pread pool) is not capped.
+    fn copies_on_kernel_workers(&self) -> bool {
+        false
+    }
     /// Settles what the lane armed on its own account (the ring's doorbell read) so that it
     /// can be dropped without the kernel ever writing freed memory. Called with no piece out.
     fn retire(&mut self, _wake: &dyn Fn()) -> io::Result<()> {

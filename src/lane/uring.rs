@@ -413,6 +413,10 @@ impl Lane for UringLane {
         self.fixed_buffers
     }
 
+    fn copies_on_kernel_workers(&self) -> bool {
+        true
+    }
+
     fn retire(&mut self, wake: &dyn Fn()) -> io::Result<()> {
         self.retire_doorbell(wake)
     }

@@ -205,8 +205,7 @@ impl CopyCombiner {
                     if let Some(st) = c.shared.staging.get() {
                         share.keep.get_or_insert_with(|| st.keep.clone());
                     }
-                    let slots = c.pieces.into_iter().map(|p| p.slot).collect();
-                    share.releases.push(Msg::Release(c.shared.op_ref(), slots));
+                    share.releases.push(Msg::release(&c.shared, c.pieces));
                 }
                 for (share, ev) in shares.into_iter().zip(events) {
                     let gated = Gated::new(
@@ -280,8 +279,7 @@ impl Drop for CopyCombiner {
     fn drop(&mut self) {
         // Pieces never flushed were never copied: their slots go straight back.
         for c in self.take() {
-            let slots = c.pieces.into_iter().map(|p| p.slot).collect();
-            c.engine.send(Msg::Release(c.shared.op_ref(), slots));
+            c.engine.send(Msg::release(&c.shared, c.pieces));
         }
     }
 }

@@ -305,18 +305,17 @@ impl DeviceCopyOut<'_> {
                 why,
             )
         };
-        let slots = |pieces: ReadyPieces| pieces.into_iter().map(|p| p.slot).collect();
         Ok(Some(match (queued, ordered) {
             (Ok(()), Ok(())) => {
                 SMALL_RELEASED_EARLY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Msg::Release(shared.op_ref(), slots(pieces))
+                Msg::release(shared, pieces)
             }
             (Ok(()), Err(e)) => {
                 // The copies have finished (`order_after` synchronised): the slots are free.
                 self.error = Some(fail(format!(
                     "ordering the memory's stream after the copies: {e}"
                 )));
-                Msg::Release(shared.op_ref(), slots(pieces))
+                Msg::release(shared, pieces)
             }
             (Err(why), _) => {
                 self.error = Some(fail(format!("copying into device memory: {why}")));
@@ -396,9 +395,7 @@ impl Transfer for DeviceCopyOut<'_> {
             drop(write_guard);
             Ok(())
         });
-        let release = |s: Arc<OpShared>, p: ReadyPieces| {
-            Msg::Release(s.op_ref(), p.into_iter().map(|p| p.slot).collect())
-        };
+        let release = |s: Arc<OpShared>, p: ReadyPieces| Msg::release(&s, p);
         gate_or_abandon(
             issued,
             pieces,

@@ -24,12 +24,7 @@ pub(crate) trait Transfer: Send + Unpin {
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         debug_assert!(pieces.is_empty());
-        (!pieces.is_empty()).then(|| {
-            Msg::Release(
-                shared.op_ref(),
-                pieces.into_iter().map(|p| p.slot).collect(),
-            )
-        })
+        (!pieces.is_empty()).then(|| Msg::release(shared, pieces))
     }
 
     /// Called at the first poll, before the request goes to the reactor (a device read takes

@@ -78,6 +78,14 @@ pub(crate) enum Msg {
 }
 
 impl Msg {
+    /// Gives back the slots of read pieces a future is done with.
+    pub(crate) fn release(shared: &OpShared, pieces: ReadyPieces) -> Msg {
+        Msg::Release(
+            shared.op_ref(),
+            pieces.into_iter().map(|p| p.slot).collect(),
+        )
+    }
+
     /// Whether the reactor must be woken for this message. Slot returns and cancellations
     /// only matter when the reactor waits for slots (see `Doorbell::ring_if_starved`); a
     /// gated message is as urgent as the message behind its gate.

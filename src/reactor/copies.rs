@@ -417,7 +417,7 @@ impl Reactor {
             Ok(gate) => {
                 let releases = slots
                     .into_iter()
-                    .map(|(s, p)| Msg::Release(s.op_ref(), p.into_iter().map(|p| p.slot).collect()))
+                    .map(|(s, p)| Msg::release(&s, p))
                     .collect();
                 self.gated
                     .push(Gated::new(Box::new(gate), Msg::Many(releases), &self.arena));

@@ -218,8 +218,7 @@ mod tests {
                 }
                 seen += p.valid;
             }
-            let slots = pieces.into_iter().map(|p| p.slot).collect();
-            self.handle.send(Msg::Release(op.op_ref(), slots));
+            self.handle.send(Msg::release(op, pieces));
             seen
         }
 

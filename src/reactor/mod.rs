@@ -17,8 +17,9 @@
 //! completes, the slot is handed to the future (`OpShared::stage_ready`) and its waker woken,
 //! once, after the op's result is set where that was its last piece; the future's `poll`
 //! copies the bytes into the caller's buffer and sends the slot back (`Msg::Release`, naming
-//! the op by `OpRef`). Nothing on this path allocates for a one- or two-piece read. Writes run the other way: the reactor hands out empty slots, `poll`
-//! fills them from the caller's buffer and sends them back (`Msg::Filled`) to be written.
+//! the op by `OpRef`). Nothing on this path allocates for a one- or two-piece read. Writes
+//! run the other way: the reactor hands out empty slots, `poll` fills them from the caller's
+//! buffer and sends them back (`Msg::Filled`) to be written.
 //!
 //! # Soundness under cancellation and leaks
 //! The kernel (or a pread worker) only ever reads or writes bounce slots, which belong to the
@@ -58,8 +59,9 @@
 //! kernel holds to complete, retires the doorbell read, and only then lets the ring and pool
 //! memory go. A pool CUDA pinned is unpinned and unmapped on a thread of its own once its last
 //! user is gone: `cuMemHostUnregister` waits for all work on the device, and an engine's drop
-//! must not wait for the application's kernels. A panic in the reactor fails every pending operation with `Error::ReactorDied`
-//! and leaks (never frees) memory the kernel may still write.
+//! must not wait for the application's kernels. A panic in the reactor fails every pending
+//! operation with `Error::ReactorDied` and leaks (never frees) memory the kernel may still
+//! write.
 
 mod complete;
 #[cfg(feature = "cuda")]
@@ -228,7 +230,7 @@ impl Reactor {
         engine: Arc<ReactorHandle>,
         mut cfg: ReactorConfig,
     ) -> Self {
-        if main.name() == "pread" {
+        if !main.copies_on_kernel_workers() {
             // The pread pool's threads are its concurrency (and its only way to overlap cold
             // reads): the cap on io_uring's page-cache copies is not for them.
             cfg.page_cache_copies = usize::MAX;

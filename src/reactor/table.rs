@@ -552,10 +552,10 @@ impl Reactor {
             .is_some_and(|o| o.shared.serial.load(Ordering::Relaxed) == op.serial)
     }
 
-    pub(super) fn is_live(&self, key: usize, shared: &Arc<OpShared>) -> bool {
-        self.ops
-            .get(key)
-            .is_some_and(|o| Arc::ptr_eq(&o.shared, shared))
+    /// Whether `shared` is the op at `key` (the same check as [`is_live_ref`](Self::is_live_ref)).
+    pub(super) fn is_live(&self, key: usize, shared: &OpShared) -> bool {
+        debug_assert_eq!(key, shared.key());
+        self.is_live_ref(shared.op_ref())
     }
 
     /// Frees a slot `key` held, and puts the op back in the run queue if the window had
