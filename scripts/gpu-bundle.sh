@@ -93,6 +93,11 @@ fi
 mkdir -p "$OUT/py"
 "$PYVENV/bin/maturin" build --release --strip -m gpuio-py/Cargo.toml -o "$OUT/py" >/dev/null
 cp -r gpuio-py/tests "$OUT/py/tests" && cp -r gpuio-py/bench "$OUT/py/bench"
+# The checkpoint loaders the benchmark compares with (the GPU machine cannot download them);
+# unpacked onto PYTHONPATH after gpuio's by py/bench/unpack_wheels.py.
+if ! bash scripts/loader-wheels.sh "$OUT/py/loaders" >/dev/null; then
+  echo "gpu-bundle: the peer loaders' wheels could not be downloaded; their rows will say absent" >&2
+fi
 rm -rf "$OUT"/py/tests/__pycache__ "$OUT"/py/bench/__pycache__
 cat > "$OUT/py/run.sh" <<'PYRUN'
 #!/usr/bin/env bash
@@ -107,7 +112,8 @@ python3 -c 'import gpuio; print(gpuio.check())'
 python3 -m pytest -rsfE -p no:cacheprovider tests; rc=$?
 if [ $# -gt 0 ]; then
   ckpt=$1; shift
-  python3 bench/load_checkpoint.py "$ckpt" --rust-example ../bin/load_safetensors "$@" || rc=1
+  peers=$(python3 bench/unpack_wheels.py loaders loaders-site)
+  PYTHONPATH=$PYTHONPATH${peers:+:$peers} python3 bench/load_checkpoint.py "$ckpt" --rust-example ../bin/load_safetensors "$@" || rc=1
 fi
 exit $rc
 PYRUN
@@ -403,7 +409,8 @@ fi
 if [ "${PY:-1}" = 1 ] && [ "${PY_BENCH:-1}" = 1 ] && [ -d py/site ]; then
   M="$GPUIO_TEST_DIR/model.safetensors"
   [ -f "$M" ] || ./bin/load_safetensors --make "$M" "${CHECKPOINT_MIB:-4096}" > "$LOGS/st-make.txt" 2>&1
-  PYTHONPATH="$PWD/py/site" timeout "${PY_BENCH_TIMEOUT:-900}" python3 py/bench/load_checkpoint.py "$M" \
+  peers=$(python3 py/bench/unpack_wheels.py py/loaders py/loaders-site)
+  PYTHONPATH="$PWD/py/site${peers:+:$PWD/$peers}" timeout "${PY_BENCH_TIMEOUT:-900}" python3 py/bench/load_checkpoint.py "$M" \
     --rounds "${PY_BENCH_ROUNDS:-3}" --rust-example ./bin/load_safetensors \
     --json "$LOGS/py-bench.jsonl" > "$LOGS/py-bench.txt" 2>&1
   while read -r l; do TABLE+=("py-bench: $l"); done < <(grep -E '^(checkpoint|verify|absent|failed|cold|summary|ratio|raw)' "$LOGS/py-bench.txt")

@@ -114,7 +114,8 @@ for r in $(seq 1 "$R"); do
 done
 if [ -d py ]; then
   rm -rf py/site && mkdir -p py/site && python3 -m zipfile -e py/gpuio-*.whl py/site
-  PYTHONPATH="$PWD/py/site" timeout "${PY_BENCH_TIMEOUT:-400}" python3 py/bench/load_checkpoint.py "$M" \
+  peers=$(python3 py/bench/unpack_wheels.py py/loaders py/loaders-site)
+  PYTHONPATH="$PWD/py/site${peers:+:$PWD/$peers}" timeout "${PY_BENCH_TIMEOUT:-400}" python3 py/bench/load_checkpoint.py "$M" \
     --rounds "$R" --json "$LOGS/dp-py-bench.jsonl" > "$LOGS/dp-py-bench.txt" 2>&1
   grep -E '^(checkpoint|verify|absent|failed|cold|warm|summary|ratio|raw)' "$LOGS/dp-py-bench.txt" \
     | while read -r l; do row py-bench "$l"; done

@@ -7,10 +7,14 @@ bytes into one torch tensor: gpuio ``File.read_into`` against KvikIO ``CuFile.pr
     python3 load_checkpoint.py MODEL.safetensors [--device cuda:0] [--rounds 3]
         [--modes warm,cold] [--json OUT.jsonl] [--peers safetensors,kvikio,...]
 
-Peers: safetensors.torch, fastsafetensors, Run:ai model streamer, InstantTensor, KvikIO
-(the data section into one torch tensor, then views, as gpuio does), torch.cuda.gds
-(GdsFile.load_storage). A peer that is not importable is reported as absent; one that fails
-is reported with its error. Nothing is estimated or filled in.
+Peers: safetensors.torch, fastsafetensors (``fastsafe_open``, without and with GDS), Run:ai
+model streamer (``SafetensorsStreamer``, straight to the device and through host tensors),
+InstantTensor (``safe_open``), KvikIO (the data section into one torch tensor, then views, as
+gpuio does), torch.cuda.gds (GdsFile.load_storage). On a machine without network,
+``scripts/loader-wheels.sh`` fetches the loaders' wheels elsewhere and ``unpack_wheels.py``
+puts them on PYTHONPATH (the GPU bundle does both). A peer that is not importable is
+reported as absent; one that fails, or whose first load differs from gpuio's tensors by a
+single byte, is reported with its error and not timed. Nothing is estimated or filled in.
 
 Cold rounds drop the page cache (``/proc/sys/vm/drop_caches``, root only) or else evict
 the file's pages with ``posix_fadvise(DONTNEED)``, and say which; where neither works, cold
@@ -65,49 +69,55 @@ def make_loaders(torch, device, only):
     except ImportError as e:
         add("safetensors", ("absent", str(e)))
 
+    # The peers as their documentation says to use them, into `device`; where a loader has
+    # more than one way in (GDS or not, straight to the device or through host memory), each
+    # is its own row and the best one is the peer gpuio is compared with.
     try:
-        from fastsafetensors import SafeTensorsFileLoader, SingleGroup
+        from fastsafetensors import fastsafe_open
 
-        def fst(p):
-            loader = SafeTensorsFileLoader(SingleGroup(), torch.device(device), nogds=False)
-            try:
-                loader.add_filenames({0: [p]})
-                fb = loader.copy_files_to_device()
-                try:
-                    # Cloned: fastsafetensors' tensors live in its buffer, freed by close().
-                    return {r[0]: fb.get_tensor(r[0]).clone() for r in header(p)[1]}
-                finally:
-                    fb.close()
-            finally:
-                loader.close()
+        def fst(nogds):
+            def load(p):
+                # fastsafetensors 0.5: returned tensors keep their buffer alive after close.
+                with fastsafe_open(p, framework="pt", device=device, nogds=nogds) as f:
+                    return {k: f.get_tensor(k) for k in f.keys()}
 
-        add("fastsafetensors", fst)
+            return load
+
+        add("fastsafetensors", fst(True))
+        add("fastsafetensors-gds", fst(False))
     except ImportError as e:
         add("fastsafetensors", ("absent", str(e)))
 
     try:
         from runai_model_streamer import SafetensorsStreamer
 
-        def runai(p):
-            out = {}
-            with SafetensorsStreamer() as s:
-                s.stream_file(p)
-                for name, t in s.get_tensors():
-                    out[name] = t.to(device, non_blocking=True)
-            return out
+        def runai(to_device):
+            def load(p):
+                out = {}
+                with SafetensorsStreamer() as s:
+                    if to_device:
+                        s.stream_file(p, device=device)
+                        for name, t in s.get_tensors():
+                            out[name] = t
+                    else:
+                        s.stream_file(p)
+                        for name, t in s.get_tensors():
+                            out[name] = t.to(device, non_blocking=True)
+                return out
 
-        add("runai-streamer", runai)
+            return load
+
+        add("runai-streamer", runai(True))
+        add("runai-streamer-host", runai(False))
     except ImportError as e:
         add("runai-streamer", ("absent", str(e)))
 
     try:
-        import instanttensor
+        from instanttensor import safe_open as instant_open
 
         def instant(p):
-            load = getattr(instanttensor, "load_file", None)
-            if load is None:
-                raise RuntimeError("instanttensor has no load_file: API not recognised")
-            return load(p, device=device)
+            with instant_open(p, framework="pt", device=device) as f:
+                return dict(f.tensors())
 
         add("instanttensor", instant)
     except ImportError as e:
@@ -255,21 +265,25 @@ def main():
         print(f"cold: page cache dropped with {cache.how}")
     out = open(args.json, "a") if args.json else None
 
-    # Correctness once: gpuio's tensors against safetensors'.
-    if "safetensors" in runnable and "gpuio" in runnable:
-        try:
-            ref = runnable["safetensors"](args.path)
-            got = runnable["gpuio"](args.path)
-            # Bit for bit: random checkpoints hold NaNs, which torch.equal calls unequal.
-            def same(a, b):
-                return (a.dtype == b.dtype and a.shape == b.shape and torch.equal(
-                    a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    # Correctness: gpuio's tensors against safetensors' once; then every loader's first load
+    # against gpuio's (below). A loader whose bytes differ is reported as failed, not timed.
+    def same(a, b):
+        # Bit for bit: random checkpoints hold NaNs, which torch.equal calls unequal.
+        return (a.dtype == b.dtype and a.shape == b.shape and a.device == b.device
+                and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
-            bad = [k for k in ref if k not in got or not same(ref[k], got[k])]
-            print(f"verify: gpuio vs safetensors: {len(ref)} tensors, {len(bad)} differ {bad[:3]}")
-            del ref, got
+    ref = None
+    if "gpuio" in runnable:
+        try:
+            ref = runnable["gpuio"](args.path)
+            if "safetensors" in runnable:
+                st = runnable["safetensors"](args.path)
+                bad = [k for k in st if k not in ref or not same(st[k], ref[k])]
+                print(f"verify: gpuio vs safetensors: {len(st)} tensors, {len(bad)} differ {bad[:3]}")
+                del st
         except Exception as e:
             print(f"verify: failed: {type(e).__name__}: {e}")
+            ref = None
         torch.cuda.empty_cache()
 
     if args.rust_example:
@@ -277,6 +291,7 @@ def main():
     results = {}
     names = list(runnable)
     failed = {}
+    checked = set()
     for r in range(args.rounds):
         order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
         for mode in modes:
@@ -290,6 +305,17 @@ def main():
                     failed[name] = f"{type(e).__name__}: {e}"
                     print(f"failed: {name}: {failed[name]}")
                     continue
+                if ref is not None and name not in checked and name != "rust-example":
+                    checked.add(name)
+                    bad = [k for k in ref if k not in tensors or not same(ref[k], tensors[k])]
+                    extra = len(tensors) - (len(ref) - sum(k not in tensors for k in ref))
+                    print(f"verify: {name} vs gpuio: {len(ref)} tensors, {len(bad)} differ "
+                          f"{bad[:3]}, {extra} extra")
+                    if bad or extra:
+                        failed[name] = f"returned {len(bad)} tensors that differ, {extra} extra"
+                        print(f"failed: {name}: {failed[name]}")
+                        del tensors
+                        continue
                 del tensors
                 results.setdefault((name, mode), []).append(secs)
                 rec = {"loader": name, "mode": mode, "round": r, "seconds": secs, "gbps": size / secs / 1e9}
@@ -297,6 +323,8 @@ def main():
                 if out:
                     out.write(json.dumps(rec) + "\n")
 
+    del ref
+    torch.cuda.empty_cache()
     for mode in modes:
         med = {n: statistics.median(v) for (n, m), v in results.items() if m == mode}
         for n, s in sorted(med.items(), key=lambda kv: kv[1]):
