@@ -75,13 +75,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let repeat: usize = flag("--repeat").map_or(Ok(1), |v| v.parse())?;
         return ranked(&engine, &st, gpus, tp, replicas, verify, repeat).await;
     }
-    let (loaded, tensors, where_, bytes_of) = match gpuio::cuda::context(0) {
+    let occ_start = engine.occupancy();
+    let (loaded, tensors, where_, bytes_of, occ) = match gpuio::cuda::context(0) {
         Ok(ctx) => {
             let stream = ctx.new_stream()?;
             let t0 = Instant::now();
             let ck = st.load_device(&stream, keep).await?;
             engine.synchronize(&stream).await?; // the copies have landed
             let secs = t0.elapsed();
+            let occ = engine.occupancy().since(&occ_start);
             let sums = if verify {
                 let host = stream.clone_dtoh(ck.buffer())?;
                 ck.tensors()
@@ -93,16 +95,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let path = format!("GPU 0 via {}", st.file().gds_status());
             let (_, tensors) = ck.into_parts();
-            (secs, tensors, path, sums)
+            (secs, tensors, path, sums, occ)
         }
         Err(no_gpu) => {
             println!("no GPU ({no_gpu}); loading into host memory instead");
             let t0 = Instant::now();
             let ck = st.load_host(keep).await?;
             let secs = t0.elapsed();
+            let occ = engine.occupancy().since(&occ_start);
             let sums = ck.iter().map(|(_, bytes)| fnv1a(bytes)).collect();
             let (_, tensors) = ck.into_parts();
-            (secs, tensors, "host memory".to_string(), sums)
+            (secs, tensors, "host memory".to_string(), sums, occ)
         }
     };
     let bytes: u64 = tensors.iter().map(|t| t.byte_len() as u64).sum();
@@ -134,6 +137,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         println!("verified {} tensors against the file", tensors.len());
     }
+    // Where the load's pieces spent their time: fewer in the kernel than the queue depth means
+    // they waited elsewhere (for copies, for memory).
+    println!("  engine (queue depth {}): {occ}", engine.queue_depth());
     println!(
         "loaded {} tensors, {:.3} GiB into {where_} in {:.3} s (header {:.1} ms): {:.2} GB/s",
         tensors.len(),

@@ -599,14 +599,7 @@ async fn measure(
         outln!("  per GPU: {} (aggregate {gbps:.3} GB/s)", each.join(", "))?;
     }
     if occ.seconds() > 0.0 {
-        outln!(
-            "  engine: {:.1} pieces in the kernel on average (queue depth {}), {:.1} slot releases \
-             behind CUDA events, short of bounce memory {:.0}% of the time",
-            occ.mean_in_kernel(),
-            engine.queue_depth(),
-            occ.mean_gated(),
-            occ.starved_share() * 100.0
-        )?;
+        outln!("  engine (queue depth {}): {occ}", engine.queue_depth())?;
     }
     let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
     let json = PointJson {

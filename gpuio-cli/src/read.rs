@@ -73,6 +73,7 @@ pub async fn run(a: ReadArgs) -> CliResult {
         .open(&engine, &a.path)?;
     let len = file.len()?;
     let pb = crate::progress(len);
+    let occ_start = engine.occupancy();
     let start = Instant::now();
     let (mut total, mut sum) = (0u64, 0u64);
     let mut spare: Vec<Vec<u8>> = Vec::with_capacity(DEPTH);
@@ -111,6 +112,8 @@ pub async fn run(a: ReadArgs) -> CliResult {
         );
     }
     let secs = start.elapsed().as_secs_f64();
+    // Where the pieces spent the read (before the result line, which stays the last).
+    outln!("  engine: {}", engine.occupancy().since(&occ_start))?;
     outln!(
         "read {} in {secs:.3} s: {:.3} GB/s via {} ({}), sum64 {sum:016x}",
         fmt_bytes(total),
@@ -184,12 +187,14 @@ async fn read_gpu(
         .alloc_zeros::<u8>(len.max(1))
         .map_err(|e| format!("CUDA alloc of {len} bytes: {e:?}"))?;
     let mut view = dst.slice_mut(..len);
+    let occ_start = engine.occupancy();
     let start = Instant::now();
     let n = file.read_into(&mut view, 0).await?;
     stream
         .synchronize()
         .map_err(|e| format!("CUDA synchronize: {e:?}"))?;
     let secs = start.elapsed().as_secs_f64();
+    outln!("  engine: {}", engine.occupancy().since(&occ_start))?;
     outln!(
         "read {} into gpu:{} in {secs:.3} s: {:.3} GB/s via {} ({}), bounce pool pinned: {}",
         fmt_bytes(n as u64),

@@ -83,6 +83,21 @@ impl Occupancy {
     }
 }
 
+/// One line for logs and tools: `12.3 pieces in the kernel on average, 0.4 slot releases
+/// behind CUDA events, short of bounce memory 0% of the time`.
+impl std::fmt::Display for Occupancy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:.1} pieces in the kernel on average, {:.1} slot releases behind CUDA events, \
+             short of bounce memory {:.0}% of the time",
+            self.mean_in_kernel(),
+            self.mean_gated(),
+            self.starved_share() * 100.0
+        )
+    }
+}
+
 /// The reactor's side: counts added up locally and published now and then, so the loop pays a
 /// clock read and a few additions per call. The time between two calls is counted at the
 /// state the earlier call gave (the state holds until the reactor changes it).
@@ -166,6 +181,11 @@ mod tests {
         assert_eq!(d.mean_gated(), 0.5);
         assert_eq!(d.starved_share(), 0.25);
         assert_eq!(Occupancy::default().mean_in_kernel(), 0.0);
+        assert_eq!(
+            d.to_string(),
+            "6.0 pieces in the kernel on average, 0.5 slot releases behind CUDA events, \
+             short of bounce memory 25% of the time"
+        );
     }
 
     #[test]
