@@ -219,8 +219,9 @@ impl Engine {
     /// Where this engine's pieces have spent their time so far: take two and subtract
     /// ([`Occupancy::since`](crate::Occupancy::since)) for the pieces the kernel held on
     /// average, the slot releases waiting behind CUDA events, and the share of the time work
-    /// waited for bounce memory (`gpuio bench` prints them). Published by the reactor about
-    /// once a millisecond.
+    /// waited for bounce memory (`gpuio bench`, `gpuio read` and the `load_safetensors`
+    /// example print them). Published by the reactor about once a millisecond; only time in
+    /// which the engine had work is counted, so a pause before a read does not dilute it.
     pub fn occupancy(&self) -> crate::op::occupancy::Occupancy {
         self.inner.shared.occupancy.snapshot()
     }

@@ -3,6 +3,7 @@
 //! the time work waited for bounce memory. The reactor adds its counts once per pass of its
 //! loop, weighted by the time since the last pass ([`OccupancySampler`]), and publishes them
 //! about once a millisecond; [`Engine::occupancy`](crate::Engine::occupancy) reads them.
+//! Only time with work in the engine counts: averages are over the time it was busy.
 //!
 //! Throughput of page-cache-warm reads is set by how many copies run at once: when the
 //! kernel holds fewer pieces than the queue depth, slots are held elsewhere (by futures yet
@@ -53,7 +54,8 @@ impl Occupancy {
         }
     }
 
-    /// Seconds the reactor accounted for.
+    /// Seconds the reactor accounted for: those in which the engine had work (an operation in
+    /// its table, a piece out or a release behind an event).
     pub fn seconds(&self) -> f64 {
         self.micros as f64 / 1e6
     }
@@ -100,12 +102,15 @@ impl std::fmt::Display for Occupancy {
 
 /// The reactor's side: counts added up locally and published now and then, so the loop pays a
 /// clock read and a few additions per call. The time between two calls is counted at the
-/// state the earlier call gave (the state holds until the reactor changes it).
+/// state the earlier call gave (the state holds until the reactor changes it), and only if
+/// the engine had work then: an idle stretch is counted when the reactor wakes from it, after
+/// a snapshot taken during it, so counting it would charge a program's pauses (its CUDA
+/// start-up, allocating a destination) to the next read's averages.
 pub(crate) struct OccupancySampler {
     last: Instant,
     published: Instant,
-    /// `(in_kernel, gated, starved)` since the last call.
-    state: (u64, u64, bool),
+    /// `(in_kernel, gated, starved, busy)` since the last call.
+    state: (u64, u64, bool, bool),
     local: [u64; 4],
 }
 
@@ -118,20 +123,22 @@ impl OccupancySampler {
         OccupancySampler {
             last: now,
             published: now,
-            state: (0, 0, false),
+            state: (0, 0, false, false),
             local: [0; 4],
         }
     }
 
     /// Counts the time since the last call at the state that call gave, and notes the state
-    /// from now on: `in_kernel` pieces out in the lanes, `gated` releases behind events, and
-    /// whether work waits for memory.
+    /// from now on: `in_kernel` pieces out in the lanes, `gated` releases behind events,
+    /// whether work waits for memory, and whether the engine has any work at all (`busy`:
+    /// time without is not counted).
     pub(crate) fn sample(
         &mut self,
         to: &OccupancyTotals,
         in_kernel: usize,
         gated: usize,
         starved: bool,
+        busy: bool,
     ) {
         let now = Instant::now();
         let dt = now.duration_since(self.last).as_micros() as u64;
@@ -139,13 +146,15 @@ impl OccupancySampler {
             // A gap under a microsecond is not lost: it is counted with the next interval
             // (at that interval's state).
             self.last = now;
-            let (k, g, s) = self.state;
-            self.local[0] += dt;
-            self.local[1] += dt * k;
-            self.local[2] += dt * g;
-            self.local[3] += if s { dt } else { 0 };
+            let (k, g, s, b) = self.state;
+            if b {
+                self.local[0] += dt;
+                self.local[1] += dt * k;
+                self.local[2] += dt * g;
+                self.local[3] += if s { dt } else { 0 };
+            }
         }
-        self.state = (in_kernel as u64, gated as u64, starved);
+        self.state = (in_kernel as u64, gated as u64, starved, busy);
         if now.duration_since(self.published) >= PUBLISH_EVERY {
             self.publish(to);
             self.published = now;
@@ -189,12 +198,30 @@ mod tests {
     }
 
     #[test]
+    fn idle_time_counts_for_nothing() {
+        let totals = OccupancyTotals::default();
+        let mut s = OccupancySampler::new();
+        // Idle (the engine has no work) for 3 ms, then 2 ms with 4 pieces out.
+        s.sample(&totals, 0, 0, false, false);
+        std::thread::sleep(Duration::from_millis(3));
+        s.sample(&totals, 4, 0, false, true);
+        std::thread::sleep(Duration::from_millis(2));
+        s.sample(&totals, 0, 0, false, false);
+        s.publish(&totals);
+        let d = totals.snapshot();
+        // Only the busy stretch is counted, so the average is the 4 pieces it had out; with
+        // the idle 3 ms counted it would be at most 1.6.
+        assert!(d.micros >= 2000, "{d:?}");
+        assert_eq!(d.mean_in_kernel(), 4.0, "{d:?}");
+    }
+
+    #[test]
     fn sampling_counts_each_interval_at_the_state_before_it() {
         let totals = OccupancyTotals::default();
         let mut s = OccupancySampler::new();
-        s.sample(&totals, 5, 1, true);
+        s.sample(&totals, 5, 1, true, true);
         std::thread::sleep(Duration::from_millis(2));
-        s.sample(&totals, 0, 0, false);
+        s.sample(&totals, 0, 0, false, true);
         s.publish(&totals);
         let d = totals.snapshot();
         assert!(d.micros >= 2000, "{d:?}");

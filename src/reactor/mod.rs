@@ -371,8 +371,14 @@ impl Reactor {
         // wait outside the kernel.
         let in_kernel = self.ios.len().saturating_sub(self.fenced.len());
         let starved = self.pool_starved || self.stall.is_some();
-        self.occupancy
-            .sample(&self.engine.occupancy, in_kernel, self.gated.len(), starved);
+        let busy = !self.ops.is_empty() || !self.ios.is_empty() || !self.gated.is_empty();
+        self.occupancy.sample(
+            &self.engine.occupancy,
+            in_kernel,
+            self.gated.len(),
+            starved,
+            busy,
+        );
     }
 
     /// Handles every queued message; a closed queue (every handle gone) starts shutdown.
