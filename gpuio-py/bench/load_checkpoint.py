@@ -308,7 +308,7 @@ def main():
                 if ref is not None and name not in checked and name != "rust-example":
                     checked.add(name)
                     bad = [k for k in ref if k not in tensors or not same(ref[k], tensors[k])]
-                    extra = len(tensors) - (len(ref) - sum(k not in tensors for k in ref))
+                    extra = len(tensors.keys() - ref.keys())
                     print(f"verify: {name} vs gpuio: {len(ref)} tensors, {len(bad)} differ "
                           f"{bad[:3]}, {extra} extra")
                     if bad or extra:
