@@ -61,7 +61,7 @@ impl std::fmt::Display for Report {
 /// would block, and opening some character devices has effects of its own.
 pub fn report(path: &Path) -> Result<Report> {
     let arc: std::sync::Arc<Path> = path.into();
-    let ctx = || Context::op(OpKind::Setup).with_path(&arc);
+    let ctx = || Context::op(OpKind::Check).with_path(&arc);
     let meta = std::fs::metadata(path).map_err(|e| Error::io(ctx(), e))?;
     let ft = meta.file_type();
     if !(ft.is_dir() || ft.is_file() || ft.is_block_device()) {
@@ -460,7 +460,7 @@ fn fs_of_dir(dir: &Path) -> std::io::Result<(String, bool)> {
 fn report_path(lines: &mut Vec<String>, path: &Path, probe: &Probe) -> Result<()> {
     let name = path.display();
     let arc: std::sync::Arc<Path> = path.into();
-    let ctx = || Context::op(OpKind::Setup).with_path(&arc);
+    let ctx = || Context::op(OpKind::Check).with_path(&arc);
     // The path's own filesystem, from a descriptor opened without blocking (the path was
     // checked to be a file, block device or directory; O_NONBLOCK covers a swap since).
     let own = std::fs::OpenOptions::new()
@@ -488,7 +488,7 @@ fn report_path(lines: &mut Vec<String>, path: &Path, probe: &Probe) -> Result<()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
         .open(probe_path)
-        .map_err(|e| Error::io(Context::op(OpKind::Setup).with_path(&probe_path.into()), e))?;
+        .map_err(|e| Error::io(Context::op(OpKind::Check).with_path(&probe_path.into()), e))?;
     match crate::plan::align::query(f.as_fd()).map_err(|e| Error::io(ctx(), e))? {
         Some(a) => lines.push(format!(
             "  O_DIRECT alignment: memory {} B, offset {} B ({})",

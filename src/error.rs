@@ -29,6 +29,10 @@ pub enum OpKind {
     Setup,
     /// Stopping the engine.
     Shutdown,
+    /// Examining the machine and a path (`gpuio check`).
+    Check,
+    /// Preparing device memory for a transfer (the CUDA context, the range's allocation).
+    DeviceMemory,
 }
 
 impl fmt::Display for OpKind {
@@ -41,6 +45,8 @@ impl fmt::Display for OpKind {
             OpKind::Stat => "stat",
             OpKind::Setup => "engine setup",
             OpKind::Shutdown => "engine shutdown",
+            OpKind::Check => "check",
+            OpKind::DeviceMemory => "device memory",
         })
     }
 }
@@ -163,9 +169,11 @@ pub enum Error {
     ///
     /// [`EngineBuilder::pool_wait_limit`]: crate::EngineBuilder::pool_wait_limit
     #[error(
-        "{ctx}: no bounce memory: all {pool} bytes of the pool are held by operations whose \
-         futures stopped polling (leaked with mem::forget, or never polled again); drop or \
-         poll them, or build the engine with a larger bounce_slots/bounce_growth"
+        "{ctx}: no bounce memory came free within the engine's pool_wait_limit: all {pool} \
+         bytes of the pool are held by operations whose data landed but whose futures did \
+         not take it in that time (leaked with mem::forget, never polled again, or polled \
+         more slowly than the limit allows); drop or poll them, raise pool_wait_limit, or \
+         build the engine with a larger bounce_slots/bounce_growth"
     )]
     PoolExhausted {
         /// Where.

@@ -119,6 +119,12 @@ impl OpenOptions {
                 .with_path(&path)
                 .with_backend(engine.backend().name)
         };
+        let shared = engine.shared();
+        if shared.inherited() || shared.dead.load(std::sync::atomic::Ordering::SeqCst) {
+            // A file on a stopped (or forked-away) engine could serve nothing: say so at the
+            // open, not at the first read.
+            return Err(shared.refusal(ctx()));
+        }
         if !self.read && !self.write {
             return Err(Error::invalid(ctx(), "open needs read and/or write access"));
         }
@@ -384,6 +390,7 @@ impl File {
             && (!to_device || shared.lease_min.is_none())
             && len <= crate::op::cached::CACHED_READ_MAX
             && shared.cached_fast_path
+            && !shared.inherited()
             && t.nvme.is_none()
             && t.dio.is_none()
             && t.fd.is_some())

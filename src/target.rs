@@ -114,11 +114,22 @@ impl Target {
             .open(&path)
             .map_err(|e| {
                 if how.direct && e.raw_os_error() == Some(libc::EINVAL) {
-                    let fs = align::filesystem_name_of_path(&path)
-                        .unwrap_or_else(|_| "the filesystem".into());
+                    // A device node lives on devtmpfs, whose statfs magic is tmpfs's: name
+                    // what the path is before blaming its filesystem.
+                    use std::os::unix::fs::FileTypeExt;
+                    let special = std::fs::metadata(&path).ok().and_then(|m| {
+                        let t = m.file_type();
+                        (t.is_char_device() || t.is_fifo() || t.is_socket())
+                            .then_some("a character device, FIFO or socket")
+                    });
+                    let who = match special {
+                        Some(what) => format!("{} is {what}, which", path.display()),
+                        None => align::filesystem_name_of_path(&path)
+                            .unwrap_or_else(|_| "the filesystem".into()),
+                    };
                     Error::unsupported(
                         ctx(),
-                        format!("{fs} refuses O_DIRECT here; open without `direct`"),
+                        format!("{who} refuses O_DIRECT here; open without `direct`"),
                     )
                 } else {
                     Error::io(ctx(), e)

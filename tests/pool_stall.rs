@@ -79,7 +79,7 @@ async fn leaked_futures_holding_the_pool_grow_it_then_fail_later_requests() {
         assert!(matches!(e, Error::PoolExhausted { .. }), "{backend:?}: {e}");
         let msg = e.to_string();
         assert!(
-            msg.contains("stopped polling") && msg.contains(path.to_str().unwrap()),
+            msg.contains("mem::forget") && msg.contains(path.to_str().unwrap()),
             "{msg}"
         );
         assert_eq!(

@@ -65,3 +65,29 @@ pub fn invalid(py: Python<'_>, message: impl Into<String>) -> PyErr {
         Err(_) => PyRuntimeError::new_err(message),
     }
 }
+
+/// An integer argument as `T`, or `gpuio.InvalidInput` naming the argument. Arguments are
+/// taken as `i128` so that a negative or oversized value reaches this check: PyO3's own
+/// conversion to an unsigned type raises an `OverflowError` that does not say which argument
+/// was wrong.
+pub fn int_arg<T: TryFrom<i128>>(py: Python<'_>, name: &str, v: i128) -> PyResult<T> {
+    T::try_from(v).map_err(|_| {
+        invalid(
+            py,
+            if v < 0 {
+                format!("{name}: {v} is negative (want 0 or more)")
+            } else {
+                format!("{name}: {v} is too large")
+            },
+        )
+    })
+}
+
+/// [`int_arg`] for an optional argument.
+pub fn opt_int_arg<T: TryFrom<i128>>(
+    py: Python<'_>,
+    name: &str,
+    v: Option<i128>,
+) -> PyResult<Option<T>> {
+    v.map(|v| int_arg(py, name, v)).transpose()
+}

@@ -8,7 +8,7 @@ use gpuio::batch::{BatchPlan, ReadDesc};
 use pyo3::prelude::*;
 
 use crate::context::KeepCurrentContext;
-use crate::errors::to_py;
+use crate::errors::{int_arg, opt_int_arg, to_py};
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, spawn};
 
@@ -52,16 +52,16 @@ impl Engine {
     fn new(
         py: Python<'_>,
         backend: &str,
-        chunk_size: Option<usize>,
-        buffered_chunk_size: Option<usize>,
-        direct_chunk_size: Option<usize>,
-        queue_depth: Option<usize>,
-        iowq_workers: Option<u32>,
-        page_cache_copies: Option<usize>,
-        bounce_slots: Option<usize>,
-        bounce_growth: Option<usize>,
+        chunk_size: Option<i128>,
+        buffered_chunk_size: Option<i128>,
+        direct_chunk_size: Option<i128>,
+        queue_depth: Option<i128>,
+        iowq_workers: Option<i128>,
+        page_cache_copies: Option<i128>,
+        bounce_slots: Option<i128>,
+        bounce_growth: Option<i128>,
         pool_wait_limit: Option<f64>,
-        pread_threads: Option<usize>,
+        pread_threads: Option<i128>,
         async_copy_threshold: Option<i64>,
         spdk_memory: bool,
         cufile_compat: bool,
@@ -70,6 +70,18 @@ impl Engine {
         residency_aware: bool,
         device_lease_min: Option<i64>,
     ) -> PyResult<Self> {
+        let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
+        let buffered_chunk_size: Option<usize> =
+            opt_int_arg(py, "buffered_chunk_size", buffered_chunk_size)?;
+        let direct_chunk_size: Option<usize> =
+            opt_int_arg(py, "direct_chunk_size", direct_chunk_size)?;
+        let queue_depth: Option<usize> = opt_int_arg(py, "queue_depth", queue_depth)?;
+        let iowq_workers: Option<u32> = opt_int_arg(py, "iowq_workers", iowq_workers)?;
+        let page_cache_copies: Option<usize> =
+            opt_int_arg(py, "page_cache_copies", page_cache_copies)?;
+        let bounce_slots: Option<usize> = opt_int_arg(py, "bounce_slots", bounce_slots)?;
+        let bounce_growth: Option<usize> = opt_int_arg(py, "bounce_growth", bounce_growth)?;
+        let pread_threads: Option<usize> = opt_int_arg(py, "pread_threads", pread_threads)?;
         let backend: gpuio::Backend = backend
             .parse()
             .map_err(|e: String| crate::errors::invalid(py, e))?;
@@ -145,7 +157,7 @@ impl Engine {
         if let Some(v) = reactor_tick {
             b = b.reactor_tick(seconds(v, "reactor_tick")?);
         }
-        let inner = py.detach(|| b.build()).map_err(to_py)?;
+        let inner = crate::exit::detach(py, || b.build()).map_err(to_py)?;
         Ok(Engine { inner })
     }
 
@@ -168,7 +180,7 @@ impl Engine {
             .create(create)
             .truncate(truncate)
             .direct(direct);
-        let inner = py.detach(|| opts.open(&self.inner, &path)).map_err(to_py)?;
+        let inner = crate::exit::detach(py, || opts.open(&self.inner, &path)).map_err(to_py)?;
         Ok(File { inner })
     }
 
@@ -237,13 +249,24 @@ pub struct File {
 }
 
 /// The batch `descs` (``(offset, length, dst_offset)`` tuples) describe, on `file`.
-fn batch_plan(file: &gpuio::File, descs: Vec<(u64, usize, usize)>) -> BatchPlan {
-    BatchPlan::new(
-        descs
-            .into_iter()
-            .map(|(offset, len, at)| ReadDesc::new(file, offset, len, at))
-            .collect(),
-    )
+fn batch_plan(
+    py: Python<'_>,
+    file: &gpuio::File,
+    descs: Vec<(i128, i128, i128)>,
+) -> PyResult<BatchPlan> {
+    let descs = descs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (offset, len, at))| {
+            Ok(ReadDesc::new(
+                file,
+                int_arg(py, &format!("descs[{i}] offset"), offset)?,
+                int_arg(py, &format!("descs[{i}] length"), len)?,
+                int_arg(py, &format!("descs[{i}] dst_offset"), at)?,
+            ))
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(BatchPlan::new(descs))
 }
 
 /// Runs `plan` into `mem`: bytes per descriptor, or the first descriptor's error.
@@ -297,10 +320,11 @@ impl File {
         &self,
         py: Python<'_>,
         dst: &Bound<'_, PyAny>,
-        offset: u64,
+        offset: i128,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let _keep_context = KeepCurrentContext::save();
+        let offset = int_arg(py, "offset", offset)?;
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         block(py, read(self.inner.clone(), mem, offset)).map_err(to_py)
     }
@@ -315,13 +339,14 @@ impl File {
         &self,
         py: Python<'py>,
         dst: &Bound<'py, PyAny>,
-        offset: u64,
+        offset: i128,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _keep_context = KeepCurrentContext::save();
+        let offset = int_arg(py, "offset", offset)?;
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
         let op = read(self.inner.clone(), mem, offset);
-        spawn(py, async move { op.await.map_err(to_py) })
+        spawn(py, op)
     }
 
     /// Writes all of ``src`` (host or device memory, as for ``read_into``) to the file at
@@ -336,10 +361,11 @@ impl File {
         &self,
         py: Python<'_>,
         src: &Bound<'_, PyAny>,
-        offset: u64,
+        offset: i128,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let _keep_context = KeepCurrentContext::save();
+        let offset = int_arg(py, "offset", offset)?;
         let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
         block(py, write(self.inner.clone(), mem, offset)).map_err(to_py)
     }
@@ -351,13 +377,14 @@ impl File {
         &self,
         py: Python<'py>,
         src: &Bound<'py, PyAny>,
-        offset: u64,
+        offset: i128,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _keep_context = KeepCurrentContext::save();
+        let offset = int_arg(py, "offset", offset)?;
         let mem = extract(self.inner.engine(), src, stream, Access::Src)?;
         let op = write(self.inner.clone(), mem, offset);
-        spawn(py, async move { op.await.map_err(to_py) })
+        spawn(py, op)
     }
 
     /// Reads many ranges of this file into one destination in one operation: ``descs`` is a
@@ -370,13 +397,13 @@ impl File {
     fn read_batch(
         &self,
         py: Python<'_>,
-        descs: Vec<(u64, usize, usize)>,
+        descs: Vec<(i128, i128, i128)>,
         dst: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<usize>> {
         let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
-        let plan = batch_plan(&self.inner, descs);
+        let plan = batch_plan(py, &self.inner, descs)?;
         block(py, run_batch(plan, mem)).map_err(to_py)
     }
 
@@ -385,14 +412,14 @@ impl File {
     fn aread_batch<'py>(
         &self,
         py: Python<'py>,
-        descs: Vec<(u64, usize, usize)>,
+        descs: Vec<(i128, i128, i128)>,
         dst: &Bound<'py, PyAny>,
         stream: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let _keep_context = KeepCurrentContext::save();
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
-        let op = run_batch(batch_plan(&self.inner, descs), mem);
-        spawn(py, async move { op.await.map_err(to_py) })
+        let op = run_batch(batch_plan(py, &self.inner, descs)?, mem);
+        spawn(py, op)
     }
 
     /// Flushes data and metadata to stable storage (``fsync``).
@@ -422,7 +449,7 @@ impl File {
     /// ``"bounce (why)"``.
     fn gds_status(&self, py: Python<'_>) -> String {
         let file = self.inner.clone();
-        py.detach(move || file.gds_status().to_string())
+        crate::exit::detach(py, move || file.gds_status().to_string())
     }
 
     fn __repr__(&self) -> String {

@@ -10,6 +10,7 @@
 
 mod context;
 mod errors;
+mod exit;
 mod file;
 mod memory;
 mod runner;
@@ -59,9 +60,7 @@ impl CheckReport {
 #[pyo3(signature = (path = None))]
 fn check(py: Python<'_>, path: Option<std::path::PathBuf>) -> PyResult<CheckReport> {
     let path = path.unwrap_or_else(|| std::path::PathBuf::from("."));
-    let inner = py
-        .detach(|| gpuio::check::report(&path))
-        .map_err(errors::to_py)?;
+    let inner = exit::detach(py, || gpuio::check::report(&path)).map_err(errors::to_py)?;
     Ok(CheckReport { inner })
 }
 
@@ -77,6 +76,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_class::<CheckReport>()?;
+    m.add_function(wrap_pyfunction!(exit::_at_exit, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

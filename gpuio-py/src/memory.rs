@@ -96,7 +96,9 @@ impl Drop for DeviceMemory {
         let Some(pool) = crate::runner::pool() else {
             // No pool to wait on: wait here (the copies are queued; this is their run time).
             let _ = stream.synchronize();
-            release(keep);
+            // Possibly attached here (not a thread of gpuio's): a plain drop decrefs now where
+            // attached and defers otherwise.
+            drop(keep);
             return;
         };
         pool.spawn_ok(async move {
@@ -111,13 +113,13 @@ impl Drop for DeviceMemory {
 }
 
 /// Drops Python references with the interpreter attached (an object may own a large tensor:
-/// release it now, not at the next attach).
+/// release it now, not at the next attach). Only on gpuio's own threads (`exit::attach`).
 pub fn release(keep: Vec<Py<PyAny>>) {
     if keep.is_empty() {
         return;
     }
-    // Not attached (the interpreter is finalizing): pyo3 defers the decrefs instead.
-    let _ = Python::try_attach(move |_py| drop(keep));
+    // Not attached (the interpreter is gone): pyo3 defers the decrefs instead.
+    let _ = crate::exit::attach(move |_py| drop(keep));
 }
 
 /// A raw CUDA stream handle from a Python stream object: an int, an object with

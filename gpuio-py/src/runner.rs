@@ -6,20 +6,31 @@
 //! binding must decide itself when the Python memory an operation uses is released (after
 //! the operation's future is dropped, and for device memory after its stream has passed the
 //! copies), which a generic bridge does not know about. The bridge here is small:
-//! - the operation runs on a `futures` thread pool (the reactor wakes it; each poll copies
-//!   landed data into the caller's memory or queues device copies);
+//! - the operation lives in an [`OpCell`] that the pool polls (the reactor wakes it; each
+//!   poll copies landed data into the caller's memory or queues device copies);
 //! - its result reaches the asyncio loop through `loop.call_soon_threadsafe`, which never
 //!   blocks the loop;
-//! - cancelling the asyncio future aborts the operation: the pool drops its future (the
-//!   library's cancel path), then the Python memory it held (see `memory::DeviceMemory`).
+//! - cancelling the asyncio future (`gpuio._aio.OpFuture.cancel`) takes the operation out of
+//!   its cell and drops it **on the cancelling thread, before `cancel` returns**: the
+//!   library's cancel path (no copy into host memory after the drop; a write's pieces still
+//!   in the kernel fenced against every later operation on the file) has run before the task
+//!   sees `CancelledError`, and the Python memory is released then (device memory once the
+//!   stream has passed the copies already queued, see `memory::DeviceMemory`). Dropping it
+//!   later on a pool thread, as this binding once did, let a cancelled write land after a
+//!   later one and a cancelled read write a buffer its caller had refilled (issue 40).
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 
 use futures::executor::ThreadPool;
-use futures::future::{AbortHandle, Abortable};
 use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::errors::to_py;
+use crate::exit;
 
 /// The binding's pool: polls asyncio operations and waits out device memory releases.
 /// `None` where the OS refused to start its threads (then awaitables fail with the reason and
@@ -39,32 +50,75 @@ pub fn pool() -> Option<&'static ThreadPool> {
 
 /// Runs `fut` to completion on this thread with the GIL released.
 pub fn block<T: Send>(py: Python<'_>, fut: impl Future<Output = T> + Send) -> T {
-    py.detach(|| futures::executor::block_on(fut))
+    exit::detach(py, || futures::executor::block_on(fut))
 }
 
-/// The done-callback of an asyncio future: aborts the operation when the future was
-/// cancelled.
-#[pyclass(frozen)]
-struct AbortOnCancel {
-    handle: AbortHandle,
+type BoxedOp<T> = Pin<Box<dyn Future<Output = gpuio::Result<T>> + Send>>;
+
+/// One asyncio operation, shared by the pool task that polls it and the asyncio future that
+/// may cancel it: whoever takes it out ends it (completion on the pool, or the cancel).
+struct OpCell<T> {
+    op: Mutex<Option<BoxedOp<T>>>,
 }
 
-#[pymethods]
-impl AbortOnCancel {
-    fn __call__(&self, fut: &Bound<'_, PyAny>) -> PyResult<()> {
-        if fut.call_method0("cancelled")?.extract::<bool>()? {
-            self.handle.abort();
+impl<T> OpCell<T> {
+    fn take(&self) -> Option<BoxedOp<T>> {
+        self.op
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Polls the operation; `Ready(None)` once a cancel took it. When it completes, it is
+    /// taken out and returned with its result, to be dropped by the caller outside the lock.
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<Option<(gpuio::Result<T>, BoxedOp<T>)>> {
+        let mut slot = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(op) = slot.as_mut() else {
+            return Poll::Ready(None);
+        };
+        match op.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(out) => Poll::Ready(slot.take().map(|op| (out, op))),
         }
-        Ok(())
     }
 }
 
-/// An asyncio future (on the running loop) that completes with `op`'s result. `op` runs on
-/// the binding's pool; it owns the Python memory it uses, so that memory lives until the
-/// pool has dropped it, whether `op` finished or was aborted by a cancellation.
+/// Type-erased [`OpCell::take`] for the cancel hook.
+trait Stop: Send + Sync {
+    /// Takes the operation out (waiting for a poll in progress to return) and drops it.
+    fn stop(&self, py: Python<'_>);
+}
+
+impl<T: Send> Stop for OpCell<T> {
+    fn stop(&self, py: Python<'_>) {
+        // The lock is held only while the pool polls (a poll copies at most a few pieces);
+        // waiting for it without the GIL lets that poll's thread attach if it must.
+        let op = exit::detach(py, || self.take());
+        // Dropped here, attached: the library's cancel path runs now, and the Python memory
+        // the operation held (a buffer export, an object reference) is released now.
+        drop(op);
+    }
+}
+
+/// The asyncio future's `_gpuio_stop`: ends the operation (see the module docs).
+#[pyclass(frozen)]
+struct StopOp {
+    cell: Arc<dyn Stop>,
+}
+
+#[pymethods]
+impl StopOp {
+    fn __call__(&self, py: Python<'_>) {
+        self.cell.stop(py);
+    }
+}
+
+/// An asyncio future (a `gpuio._aio.OpFuture` on the running loop) that completes with `op`'s
+/// result. `op` runs on the binding's pool; it owns the Python memory it uses. Cancelling the
+/// future drops `op` before `cancel()` returns (module docs).
 pub fn spawn<'py, T>(
     py: Python<'py>,
-    op: impl Future<Output = PyResult<T>> + Send + 'static,
+    op: impl Future<Output = gpuio::Result<T>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>>
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
@@ -72,31 +126,39 @@ where
     let pool = pool().ok_or_else(|| {
         pyo3::exceptions::PyRuntimeError::new_err("gpuio: the OS refused to start gpuio's threads")
     })?;
-    let asyncio = py.import("asyncio")?;
-    let event_loop = asyncio.call_method0("get_running_loop")?;
-    let fut = event_loop.call_method0("create_future")?;
-    let (handle, registration) = AbortHandle::new_pair();
-    fut.call_method1(
-        "add_done_callback",
-        (Bound::new(py, AbortOnCancel { handle })?,),
-    )?;
-    let resolve = py.import("gpuio._aio")?.getattr("resolve")?.unbind();
+    let aio = py.import("gpuio._aio")?;
+    let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
+    let cell: Arc<OpCell<T>> = Arc::new(OpCell {
+        op: Mutex::new(Some(Box::pin(op))),
+    });
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("loop", &event_loop)?;
+    kwargs.set_item("stop", Bound::new(py, StopOp { cell: cell.clone() })?)?;
+    let fut = aio.getattr("OpFuture")?.call((), Some(&kwargs))?;
+    let resolve = aio.getattr("resolve")?.unbind();
     let (event_loop, target) = (event_loop.unbind(), fut.clone().unbind());
     pool.spawn_ok(async move {
-        let outcome = Abortable::new(op, registration).await;
-        // The operation (and the memory it owned) is dropped by now.
-        let Ok(outcome) = outcome else { return };
-        let _ = Python::try_attach(|py| -> PyResult<()> {
+        let Some((outcome, op)) = futures::future::poll_fn(|cx| cell.poll(cx)).await else {
+            // Cancelled: the cancelling thread dropped the operation.
+            return;
+        };
+        exit::attach(move |py| {
+            // The operation and the memory it held go first (attached: a buffer export ends
+            // now), then the result goes to the loop.
+            drop(op);
             let (ok, value) = match outcome {
-                Ok(v) => (true, v.into_bound_py_any(py)?),
-                Err(e) => (false, e.into_value(py).into_bound(py).into_any()),
+                Ok(v) => match v.into_bound_py_any(py) {
+                    Ok(v) => (true, v),
+                    Err(e) => (false, e.into_value(py).into_bound(py).into_any()),
+                },
+                // Converted here, attached through `exit::attach`: never inside a poll.
+                Err(e) => (false, to_py(e).into_value(py).into_bound(py).into_any()),
             };
             // Fails only if the loop was closed meanwhile: nobody awaits the result then.
             let _ = event_loop.bind(py).call_method1(
                 "call_soon_threadsafe",
                 (resolve.bind(py), target.bind(py), ok, value),
             );
-            Ok(())
         });
     });
     Ok(fut)

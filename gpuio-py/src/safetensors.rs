@@ -11,7 +11,7 @@ use gpuio::batch::BatchPlan;
 use pyo3::prelude::*;
 
 use crate::context::KeepCurrentContext;
-use crate::errors::to_py;
+use crate::errors::{int_arg, to_py};
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, spawn};
@@ -82,9 +82,11 @@ impl SafetensorsFile {
     /// are not loaded. A rule that does not fit its tensor raises ``ValueError``.
     fn plan_shards(
         &self,
-        ranks: usize,
+        py: Python<'_>,
+        ranks: i128,
         rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
     ) -> PyResult<Vec<LoadPlan>> {
+        let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
         let plans = self
             .inner
@@ -99,9 +101,11 @@ impl SafetensorsFile {
     #[allow(clippy::type_complexity)]
     fn plan_shards_read_once(
         &self,
-        ranks: usize,
+        py: Python<'_>,
+        ranks: i128,
         rules: std::collections::HashMap<String, Bound<'_, PyAny>>,
     ) -> PyResult<(Vec<LoadPlan>, Vec<(usize, usize, usize, usize, usize)>)> {
+        let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
         let (plans, copies) = self
             .inner
@@ -275,6 +279,6 @@ impl LoadPlan {
         let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
         let op = load(self.plan.clone(), mem);
-        spawn(py, async move { op.await.map_err(to_py) })
+        spawn(py, op)
     }
 }

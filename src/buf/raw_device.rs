@@ -127,7 +127,7 @@ impl RawDeviceSlice {
     }
 
     fn ctx() -> Context {
-        Context::op(OpKind::Setup).with_backend("cuda")
+        Context::op(OpKind::DeviceMemory).with_backend("cuda")
     }
 
     /// Asks the driver about the range: it starts in device (or managed) memory, and every

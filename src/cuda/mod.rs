@@ -102,7 +102,7 @@ pub fn context(
     ordinal: usize,
 ) -> crate::error::Result<std::sync::Arc<cudarc::driver::CudaContext>> {
     use crate::error::{Context, Error, OpKind};
-    let ctx = || Context::op(OpKind::Setup).with_backend("cuda");
+    let ctx = || Context::op(OpKind::DeviceMemory).with_backend("cuda");
     let p = cached_probe();
     if let Some(e) = &p.error {
         return Err(Error::unsupported(ctx(), e.clone()));

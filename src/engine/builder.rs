@@ -18,8 +18,14 @@ use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
 
+/// Most pread worker threads an engine starts ([`EngineBuilder::pread_threads`]). Each serves
+/// one I/O at a time and costs a stack; thousands only contend, and the cap turns a mistyped
+/// count into a clear error instead of the thread limit's bare EAGAIN.
+const MAX_PREAD_THREADS: usize = 4096;
+
 /// Settings for [`Engine`]. The defaults are the measured best on the machines in
 /// BENCHMARKS.md (repository root): see each setting for its reason.
+
 #[derive(Debug, Clone)]
 pub struct EngineBuilder {
     /// Explicit piece sizes (`None`: sized from the machine, see [`Sizing`]).
@@ -237,7 +243,8 @@ impl EngineBuilder {
         self
     }
 
-    /// Threads of the pread pool, when it serves (default: the queue depth, at most 64).
+    /// Threads of the pread pool, when it serves (default: the queue depth, at most 64; at most
+    /// 4096).
     pub fn pread_threads(mut self, n: usize) -> Self {
         self.pread_threads = Some(n);
         self
@@ -381,6 +388,16 @@ impl EngineBuilder {
             && !(1..=32768).contains(&q)
         {
             return Err(Error::invalid(ctx(), "queue depth must be 1..=32768"));
+        }
+        if let Some(n) = self.pread_threads
+            && !(1..=MAX_PREAD_THREADS).contains(&n)
+        {
+            // Each is an OS thread with its own stack: a mistyped count fails later with a
+            // bare EAGAIN from the thread limit, naming nothing.
+            return Err(Error::invalid(
+                ctx(),
+                format!("pread_threads {n}: want 1..={MAX_PREAD_THREADS}"),
+            ));
         }
         if let Some(n) = self.bounce_slots
             && !(1..=u16::MAX as usize).contains(&n)

@@ -106,6 +106,16 @@ impl Drop for EngineInner {
         // ring and workers are gone when this returns and its pool is on its way out (a pinned
         // pool is unpinned on a thread of its own, `buf::arena`; memory a device may still
         // write is quarantined instead, see `reactor::death`).
+        if self.shared.inherited() {
+            // A forked child: the reactor thread, its ring and its pool are the parent's (the
+            // thread does not exist here). Waking or joining it would wait for nothing, and
+            // freeing the pool would unpin memory the parent's CUDA context owns: leave all of
+            // it to the process's exit.
+            if let Some(t) = self.reactor.take() {
+                std::mem::forget(t);
+            }
+            return;
+        }
         self.shared.close();
         let Some(t) = self.reactor.take() else { return };
         if t.thread().id() == std::thread::current().id() {
@@ -233,6 +243,15 @@ impl Engine {
         self.inner
             .shared
             .send(crate::op::msg::Msg::PanicAtNextCompletion);
+    }
+
+    /// Whether this process is a child, made by `fork()`, of the process that built the
+    /// engine. Such an engine refuses every operation with
+    /// [`Error::Unsupported`](crate::Error::Unsupported) (its reactor thread did not survive
+    /// the fork) and its drop leaves the parent's reactor and pool alone; bindings that run
+    /// their own threads for it (the C API's executor) check this before using them.
+    pub fn inherited_across_fork(&self) -> bool {
+        self.inner.shared.inherited()
     }
 
     /// Whether the reactor has stopped (after shutdown, or because it died).

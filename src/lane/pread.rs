@@ -95,6 +95,17 @@ impl PreadLane {
                             });
                         doorbell.ring();
                     }
+                })
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "starting pread thread {} of {}: {e} (ask for fewer with \
+                             pread_threads)",
+                            i + 1,
+                            threads.max(1)
+                        ),
+                    )
                 })?;
             workers.push(h);
         }

@@ -144,6 +144,9 @@ pub(crate) struct ReactorHandle {
     pub(crate) cached_fast_path: bool,
     /// Reads the polling thread served from the page cache.
     pub(crate) cached_reads: std::sync::atomic::AtomicU64,
+    /// The process's fork count when the engine was built (`op::fork`): in a child of that
+    /// process the engine refuses everything.
+    pub(crate) fork_generation: u64,
     /// Writes whose futures exist and whose ops the reactor has not finished, per file
     /// (`request::PendingWrite`).
     pub(crate) writes_pending: Arc<super::request::PendingWrites>,
@@ -166,6 +169,7 @@ impl ReactorHandle {
             leased_reads: std::sync::atomic::AtomicU64::new(0),
             cached_fast_path: true,
             cached_reads: std::sync::atomic::AtomicU64::new(0),
+            fork_generation: super::fork::generation(),
             writes_pending: Arc::new(super::request::PendingWrites::new()),
             occupancy: Default::default(),
             #[cfg(test)]
@@ -176,6 +180,12 @@ impl ReactorHandle {
     /// The error for an operation the stopped engine cannot take: [`Error::ReactorDied`] with
     /// the reason where the reactor died, [`Error::Shutdown`] after an orderly stop.
     pub(crate) fn refusal(&self, ctx: Context) -> Error {
+        if self.inherited() {
+            return Error::Unsupported {
+                ctx: Box::new(ctx),
+                reason: super::fork::refusal_reason(),
+            };
+        }
         match self.death.get() {
             Some(reason) => Error::ReactorDied {
                 ctx: Box::new(ctx),
@@ -185,11 +195,19 @@ impl ReactorHandle {
         }
     }
 
-    /// Sends a message and rings the doorbell. A message to a dead reactor is dropped (see
-    /// `SubmitMsg`'s `Drop`).
+    /// Sends a message and rings the doorbell. A message to a dead reactor (or from a forked
+    /// child) is dropped, a submission refused (see `SubmitMsg`'s `Drop`).
+    /// Whether this process is a fork of the one that built the engine (`op::fork`).
+    pub(crate) fn inherited(&self) -> bool {
+        super::fork::inherited(self.fork_generation)
+    }
+
     pub(crate) fn send(&self, msg: Msg) {
         let urgent = msg.is_urgent();
-        let unsent = {
+        let unsent = if self.inherited() {
+            // No reactor here, and the doorbell is the parent's: refuse, ring nothing.
+            Some(msg)
+        } else {
             let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
             match tx.as_ref() {
                 Some(tx) => tx.send(msg).err().map(|e| e.0),

@@ -158,6 +158,17 @@ impl SafetensorsFile {
                 file_range: data_start + s as u64..data_start + e as u64,
             });
         }
+        // As the safetensors package decides: the tensors' ranges (already checked to follow
+        // one another from byte 0, and by the loop above to end inside the file) must cover
+        // the data exactly. Trailing bytes, and a name listed twice (JSON keeps the last,
+        // which leaves a hole), are refused.
+        if (meta.data_len() as u64) < data_len {
+            return Err(bad(format!(
+                "the file is not fully covered: its tensors' data ends at byte {} of the \
+                 {data_len} bytes after the header (trailing bytes, or a tensor listed twice)",
+                meta.data_len()
+            )));
+        }
         Ok(SafetensorsFile {
             file,
             tensors,

@@ -22,6 +22,10 @@ use super::{Checkpoint, FileTensor, SafetensorsFile, Tensor};
 use crate::batch::{BatchPlan, ReadDesc};
 use crate::error::{Error, OpKind, Result};
 
+/// Most ranks a tensor-parallel load takes: far above any tensor-parallel group in use (they
+/// follow the GPUs of one NVLink domain), far below a count that sizes allocations absurdly.
+pub const MAX_RANKS: usize = 4096;
+
 /// Appends a copy, or extends the last one between the same two ranks where both ends
 /// continue it.
 fn add_copy(copies: &mut Vec<ReplicaCopy>, from: usize, src: Range<usize>, to: usize, dst: usize) {
@@ -238,10 +242,15 @@ impl SafetensorsFile {
         cut: bool,
     ) -> Result<RankPlans> {
         let bad = |at: u64, why: String| Error::invalid(self.file.ctx(OpKind::Read, at), why);
-        if ranks == 0 {
+        if ranks == 0 || ranks > MAX_RANKS {
+            // Each rank costs a plan and a buffer description before any byte is read: a
+            // mistyped count (2**40) would otherwise exhaust memory and abort the process.
             return Err(bad(
                 0,
-                "a tensor-parallel load needs at least one rank".into(),
+                format!(
+                    "a tensor-parallel load of {ranks} ranks: want 1 to {MAX_RANKS} \
+                     (one plan and one buffer per rank)"
+                ),
             ));
         }
         let shards: Vec<Option<Shard>> = self.tensors.iter().map(&mut rule).collect();

@@ -63,6 +63,12 @@ fn start_env(lib: &SpdkLib) -> Result<(), String> {
                 opts.shm_id = -1;
                 // Quiet EAL's informational lines; errors still print.
                 opts.env_context = c"--log-level=lib.eal:4".as_ptr().cast_mut().cast();
+                // DPDK unlinks its hugepage files once mapped (`--huge-unlink`): none is left
+                // in /dev/hugepages after the process, however it ends.
+                opts.unlink_hugepage = true;
+                // SPDK prints its start-up banner with printf: on stdout, a program's data
+                // channel. Send it to stderr while the environment starts.
+                let _banner = StdoutToStderr::new();
                 // SAFETY: `opts` is initialised; the strings it points to are static.
                 unsafe { (lib.spdk_env_init)(&opts) }
             })
@@ -130,5 +136,44 @@ impl Drop for DmaRegion {
     fn drop(&mut self) {
         // SAFETY: allocated by spdk_malloc; the owner guarantees nothing uses it any more.
         unsafe { (self.spdk.lib.spdk_free)(self.ptr.as_ptr().cast()) };
+    }
+}
+
+/// Points file descriptor 1 at stderr until dropped. Other threads' stdout writes in the
+/// window (the environment's start, once per process) go to stderr too: misrouted, not lost.
+struct StdoutToStderr {
+    saved: Option<std::os::fd::OwnedFd>,
+}
+
+impl StdoutToStderr {
+    fn new() -> Self {
+        use std::os::fd::FromRawFd;
+        // SAFETY: flushing every C stream (NULL) has no preconditions; it sends output
+        // already buffered for stdout where it was meant to go before the switch.
+        unsafe { libc::fflush(std::ptr::null_mut()) };
+        // SAFETY: dup of fd 1 has no memory preconditions; a new descriptor or -1.
+        let saved = unsafe { libc::dup(1) };
+        if saved < 0 {
+            return StdoutToStderr { saved: None };
+        }
+        // SAFETY: `saved` is a descriptor this process just created and owns alone.
+        let saved = unsafe { std::os::fd::OwnedFd::from_raw_fd(saved) };
+        // SAFETY: dup2 onto fd 1 with a valid source; on failure fd 1 is unchanged.
+        if unsafe { libc::dup2(2, 1) } < 0 {
+            return StdoutToStderr { saved: None };
+        }
+        StdoutToStderr { saved: Some(saved) }
+    }
+}
+
+impl Drop for StdoutToStderr {
+    fn drop(&mut self) {
+        use std::os::fd::AsRawFd;
+        if let Some(saved) = &self.saved {
+            // SAFETY: as in `new`: C's stdout buffer holds the banner; out to stderr it goes.
+            unsafe { libc::fflush(std::ptr::null_mut()) };
+            // SAFETY: `saved` is a valid descriptor (the original stdout).
+            unsafe { libc::dup2(saved.as_raw_fd(), 1) };
+        }
     }
 }

@@ -26,6 +26,16 @@ from gpuio._errors import (
 )
 from gpuio._native import CheckReport, Engine, File, __version__, check, cuda_available
 
+import atexit as _atexit
+
+from gpuio._native import _at_exit
+
+# From interpreter exit on, only the exiting thread re-enters Python from gpuio: a daemon
+# thread still inside a gpuio call parks instead of taking the GIL during finalization, which
+# CPython answers with pthread_exit (an abort through the extension's frames).
+_atexit.register(_at_exit)
+del _atexit
+
 __all__ = [
     "CheckReport",
     "CudaError",

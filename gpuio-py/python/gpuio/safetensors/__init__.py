@@ -26,12 +26,25 @@ _ENGINE_LOCK = threading.Lock()
 
 
 def default_engine():
-    """The engine the loaders use when none is given (one per process, made on first use)."""
+    """The engine the loaders use when none is given (one per process, made on first use; a
+    child made by ``fork()`` makes its own, since an engine does not survive a fork)."""
     global _ENGINE
     with _ENGINE_LOCK:
         if _ENGINE is None:
             _ENGINE = gpuio.Engine()
         return _ENGINE
+
+
+def _forget_engine_in_child():
+    # The parent's engine is unusable here (its reactor thread did not survive the fork, and
+    # every call on it fails with gpuio.Unsupported): the child's first load makes its own.
+    # The lock may have been held by another thread of the parent at the fork.
+    global _ENGINE, _ENGINE_LOCK
+    _ENGINE = None
+    _ENGINE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_engine_in_child)
 
 
 class Checkpoint:

@@ -26,6 +26,8 @@ for _name, _attr in [
     ("F8_E4M3FNUZ", "float8_e4m3fnuz"),
     ("F8_E5M2", "float8_e5m2"),
     ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
+    # OCP MX scale type; torch 2.7+ (safetensors' own table sizes it but does not map it).
+    ("F8_E8M0", "float8_e8m0fnu"),
     ("C64", "complex64"),
     ("U64", "uint64"),
     ("U32", "uint32"),
