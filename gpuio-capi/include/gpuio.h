@@ -83,7 +83,8 @@ typedef enum gpuio_status {
   GPUIO_ERR_CUDA = 5,
   // The engine was freed (or shut down) before or while the operation ran.
   GPUIO_ERR_SHUTDOWN = 6,
-  // No bounce memory came free in time (see the library's `Error::PoolExhausted`).
+  // No bounce memory came free in time (see the library's `Error::PoolExhausted`), or no
+  // memory for what a call must allocate (a batch's plan).
   GPUIO_ERR_NO_MEMORY = 7,
   // The engine's reactor thread died; free the engine and create a new one.
   GPUIO_ERR_REACTOR_DIED = 8,
@@ -147,7 +148,13 @@ typedef struct gpuio_buffer {
 } gpuio_buffer;
 
 // One descriptor's outcome: `GPUIO_OK` and the bytes read (short only at end of file), or
-// the failure (`bytes` 0).
+// the failure (`bytes` 0). Every call that is given a results array of `count` entries writes
+// all of them, whatever happens: a descriptor that cannot run (no file, a closed file, past
+// the destination's end, overlapping another's destination range) gets its own failure, a
+// batch refused as a whole (a bad destination, a blocking call inside a callback) gives every
+// entry that refusal's status, and a request cancelled before it completed leaves
+// `GPUIO_ERR_CANCELED` in every entry. Only a `count` of 0 or one no array can have (see
+// `gpuio_read_batch`) leaves the array untouched.
 typedef struct gpuio_batch_result {
   // The descriptor's status.
   enum gpuio_status status;
@@ -187,10 +194,11 @@ typedef struct gpuio_engine_settings {
   // Bounce pool size in blocks of the larger chunk rounded up to a power of two (0: sized
   // from the machine).
   uint32_t bounce_slots;
-  // Threads of the pread pool where it serves (0: the queue depth, at most 64).
+  // Threads of the pread pool where it serves, at most 4096 (0: the queue depth, at most
+  // 64).
   uint32_t pread_threads;
   // Threads that run asynchronous requests and their callbacks; copies from bounce memory
-  // into host buffers run on them (0: one per CPU core).
+  // into host buffers run on them, at most 4096 (0: one per CPU core).
   uint32_t executor_threads;
   // How long the reactor spins after its last work, in microseconds (0: no spin).
   uint32_t reactor_spin_us;
@@ -247,11 +255,15 @@ const char *gpuio_version(void);
 
 // Reads `count` descriptors into one destination `dst` (host or device memory) as one batch
 // (contiguous neighbours merge into one read; all in flight at once). `results` (NULL, or
-// `count` elements) gets each descriptor's outcome; `*total` (if not NULL) the bytes read.
-// Returns `GPUIO_OK` if every descriptor succeeded, else the first failing descriptor's
-// status and message (a descriptor past `dst`'s end, or overlapping another's destination
-// range, fails alone). Device memory with a NULL stream: complete when the data is there; with
-// a stream: the copies are queued on it. Blocks.
+// `count` elements) gets each descriptor's outcome, always (see `gpuio_batch_result`);
+// `*total` (if not NULL) is always written: the bytes the descriptors that succeeded read (0
+// when the call fails before reading). Returns `GPUIO_OK` if every descriptor succeeded, else
+// the first failing descriptor's status and message: a descriptor naming no file or a closed
+// one, past `dst`'s end, or overlapping another's destination range fails alone, and the
+// others are read. A `count` of 0, or more descriptors than any array holds (over
+// `isize::MAX` bytes of them), is `GPUIO_ERR_INVALID` before anything is read. Device memory
+// with a NULL stream: complete when the data is there; with a stream: the copies are queued
+// on it. Blocks.
 //
 // # Safety
 // `descs` has `count` readable elements; `dst` as for `gpuio_read`; `results` NULL or `count`
@@ -263,8 +275,12 @@ enum gpuio_status gpuio_read_batch(const struct gpuio_batch_desc *descs,
                                    uint64_t *total);
 
 // Starts a batch (as `gpuio_read_batch`) and stores its request in `*out`; the request's
-// bytes are the total. **`dst`'s memory and the `results` array must stay valid until the
-// request completes**; `descs` may go at once.
+// bytes are the total (0 when a descriptor failed: the results say what each one read).
+// **`dst`'s memory and the `results` array must stay valid until the request completes**;
+// `descs` may go at once. `results` is written as for `gpuio_read_batch`: at once when this
+// call fails (with the descriptors' own failures when none names a live file, so that no
+// request can run), else by the time the request completes (`GPUIO_ERR_CANCELED` in every
+// entry of a request cancelled first).
 //
 // # Safety
 // As for `gpuio_read_batch`, with validity until completion; `out` NULL (an error) or

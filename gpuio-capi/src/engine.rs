@@ -40,10 +40,11 @@ pub struct gpuio_engine_settings {
     /// Bounce pool size in blocks of the larger chunk rounded up to a power of two (0: sized
     /// from the machine).
     pub bounce_slots: u32,
-    /// Threads of the pread pool where it serves (0: the queue depth, at most 64).
+    /// Threads of the pread pool where it serves, at most 4096 (0: the queue depth, at most
+    /// 64).
     pub pread_threads: u32,
     /// Threads that run asynchronous requests and their callbacks; copies from bounce memory
-    /// into host buffers run on them (0: one per CPU core).
+    /// into host buffers run on them, at most 4096 (0: one per CPU core).
     pub executor_threads: u32,
     /// How long the reactor spins after its last work, in microseconds (0: no spin).
     pub reactor_spin_us: u32,
@@ -98,7 +99,23 @@ pub(crate) fn refuse_on_executor(what: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Most threads a setting may ask for (`pread_threads`, `executor_threads`). Past a few
+/// thousand, threads only cost memory and scheduling; a value like `UINT32_MAX` is a mistake,
+/// which used to start threads (a stack each) until the OS refused.
+const MAX_THREADS: u32 = 4096;
+
 fn builder(s: &gpuio_engine_settings) -> Result<gpuio::EngineBuilder, Failure> {
+    for (n, what) in [
+        (s.pread_threads, "pread_threads"),
+        (s.executor_threads, "executor_threads"),
+    ] {
+        if n > MAX_THREADS {
+            return Err(Failure::invalid(format!(
+                "gpuio_engine_settings.{what} {n} is more than the {MAX_THREADS} threads a \
+                 setting may ask for"
+            )));
+        }
+    }
     let mut b = gpuio::Engine::builder();
     b = b.backend(match s.backend {
         GPUIO_BACKEND_AUTO => gpuio::Backend::Auto,
@@ -226,6 +243,13 @@ pub unsafe extern "C" fn gpuio_engine_free(engine: *mut gpuio_engine) -> gpuio_s
     guard(|| {
         refuse_on_executor("gpuio_engine_free")?;
         let handle = ENGINES.get(engine)?;
+        if handle.engine.inherited_across_fork() {
+            // A forked child: the requests, reactor and executor threads are the parent's
+            // (none runs here), so nothing can be cancelled, waited for or joined; the
+            // executor's drop leaves its threads alone in a child.
+            ENGINES.remove(engine)?;
+            return Ok(());
+        }
         // Nothing new starts and everything running is cancelled before the handle goes, so
         // that whoever sees it gone knows no request of it will be polled again.
         let running = handle.cancel_all();

@@ -77,6 +77,8 @@ impl ArcWake for Task {
 pub(crate) struct Executor {
     shared: Arc<Shared>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// The process that started the threads: a child made by `fork()` has none of them.
+    pid: u32,
 }
 
 impl Executor {
@@ -93,6 +95,7 @@ impl Executor {
         let mut exec = Executor {
             shared,
             threads: Vec::new(),
+            pid: std::process::id(),
         };
         for i in 0..threads.max(1) {
             let shared = exec.shared.clone();
@@ -151,6 +154,12 @@ fn work(shared: &Shared) {
 
 impl Drop for Executor {
     fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child: these threads do not exist here, and joining one would wait
+            // on a thread id that means nothing in this process.
+            std::mem::forget(std::mem::take(&mut self.threads));
+            return;
+        }
         self.shared.lock().stopping = true;
         self.shared.ready.notify_all();
         let me = std::thread::current().id();

@@ -148,6 +148,15 @@ pub(crate) fn submit(
     callback: gpuio_callback,
     user_data: *mut libc::c_void,
 ) -> Result<u64, Failure> {
+    if engine.engine.inherited_across_fork() {
+        // A forked child has none of the engine's threads (reactor, executor): the request
+        // would never complete.
+        return Err(Failure::new(
+            gpuio_status::GPUIO_ERR_UNSUPPORTED,
+            "this engine was created before fork() in a parent process and cannot be used in \
+             the child (its threads do not exist here): create a new engine in the child",
+        ));
+    }
     let (abort, registration) = AbortHandle::new_pair();
     let state = Arc::new(RequestState::new(abort));
     let token = {

@@ -27,7 +27,8 @@ pub enum gpuio_status {
     GPUIO_ERR_CUDA = 5,
     /// The engine was freed (or shut down) before or while the operation ran.
     GPUIO_ERR_SHUTDOWN = 6,
-    /// No bounce memory came free in time (see the library's `Error::PoolExhausted`).
+    /// No bounce memory came free in time (see the library's `Error::PoolExhausted`), or no
+    /// memory for what a call must allocate (a batch's plan).
     GPUIO_ERR_NO_MEMORY = 7,
     /// The engine's reactor thread died; free the engine and create a new one.
     GPUIO_ERR_REACTOR_DIED = 8,

@@ -102,6 +102,13 @@ fn run_with(exe: &Path, args: &[&std::ffi::OsStr], env: &[(&str, &str)]) -> Stri
         exe.display(),
         output.status
     );
+    // A panic caught at the C boundary still prints through the panic hook: bad input must
+    // be refused before anything can panic, so none may show.
+    assert!(
+        !stderr.contains("panicked"),
+        "{} printed a Rust panic:\n{stderr}",
+        exe.display()
+    );
     print!("{stdout}");
     stdout
 }
@@ -159,6 +166,10 @@ fn batches() {
             "ok batch into host memory",
             "ok batch async",
             "ok error GPUIO_ERR_INVALID",
+            "ok batch with dead files: every result written",
+            "ok batch refused: every result written",
+            "ok error GPUIO_ERR_INVALID: gpuio_read_batch: a batch of 18446744073709551615 \
+             descriptors is more than any array holds",
         ],
     );
 }
@@ -173,6 +184,7 @@ fn every_error_path_has_a_status_and_a_message() {
             "ok error GPUIO_ERR_SHUTDOWN",
             "ok error GPUIO_ERR_RANGE",
             "ok error GPUIO_ERR_WOULD_BLOCK",
+            "ok error GPUIO_ERR_INVALID: gpuio_engine_settings.executor_threads 4294967295",
         ],
     );
 }
@@ -184,6 +196,7 @@ fn pending_requests_time_out_cancel_and_free() {
         &[
             "ok pending",
             "ok request_free cancels",
+            "ok batch request_free cancels, every result written",
             "ok engine_free cancels",
         ],
     );
@@ -210,7 +223,7 @@ fn device_memory_or_a_loud_skip() {
 #[test]
 fn all_c_tests_under_address_sanitizer() {
     for name in [
-        "sync", "async", "batch", "errors", "pending", "threads", "device",
+        "sync", "async", "batch", "errors", "pending", "threads", "device", "fork",
     ] {
         let exe = compile(
             name,
@@ -327,4 +340,17 @@ fn example_throughput_reports_a_rate() {
         .unwrap_or_else(|| panic!("no byte count in {line}"));
     assert!(bytes >= 262144 && bytes % 262144 == 0, "{line}");
     assert!(line.ends_with("GB/s"), "{line}");
+}
+
+#[test]
+fn an_engine_inherited_across_fork_refuses_in_the_child() {
+    c_test(
+        "fork",
+        &[
+            "ok error GPUIO_ERR_UNSUPPORTED",
+            "ok child: the inherited engine refuses and frees",
+            "ok child: a new engine works",
+            "ok parent: its engine goes on",
+        ],
+    );
 }

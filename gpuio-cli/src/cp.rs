@@ -47,7 +47,7 @@ pub struct CpArgs {
     #[arg(long, default_value = "4M")]
     chunk: ByteSize,
     /// Engine queue depth.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::validate::whole(0, usize::MAX))]
     qd: usize,
     /// Backend.
     #[arg(long, default_value = "auto")]

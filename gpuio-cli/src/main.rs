@@ -15,7 +15,7 @@ mod validate;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -46,7 +46,7 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -75,6 +75,25 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line (exits with clap's message on a bad one). Every option that takes
+/// a value may take a negative number: otherwise clap reads `--seconds -1` as an unknown flag
+/// `-1` ("unexpected argument '-1'"), and the flag's own parser, which names the flag and
+/// says the value cannot be negative, never sees it. A value that is not a number but starts
+/// with `-` is still read as a flag (`--dir --size` is "a value is required for --dir").
+fn parse() -> Cli {
+    let cmd = Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| {
+            if arg.get_long().is_some() && arg.get_action().takes_values() {
+                arg.allow_negative_numbers(true)
+            } else {
+                arg
+            }
+        })
+    });
+    let matches = cmd.get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 type CliResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -18,6 +18,13 @@ pub struct ByteSize(pub u64);
 impl FromStr for ByteSize {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
+        // Said plainly: parse-size would call it "not a size".
+        if s.trim().starts_with('-') {
+            return Err(format!(
+                "{} is negative: a size is 0 or more bytes",
+                s.trim()
+            ));
+        }
         match UNITS.parse_size(s) {
             Ok(n) => Ok(ByteSize(n)),
             Err(parse_size::Error::PosOverflow) => Err(format!("{s:?} is too large")),
@@ -58,7 +65,7 @@ mod tests {
         assert_eq!(parse("512b"), Ok(512));
         assert!(parse("x").unwrap_err().contains("not a size"));
         assert!(parse("").unwrap_err().contains("not a size"));
-        assert!(parse("-1").unwrap_err().contains("not a size"));
+        assert!(parse("-1").unwrap_err().contains("is negative"));
         assert!(parse("99999999999T").unwrap_err().contains("too large"));
         assert_eq!(fmt_bytes(1536), "1.50 KiB");
         assert_eq!(fmt_bytes(4 << 30), "4.00 GiB");

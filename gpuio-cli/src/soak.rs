@@ -1,7 +1,10 @@
 //! `gpuio soak`: mixed reads and writes of random sizes at random offsets, on every backend
 //! and open mode this machine has (and NVMe namespaces through SPDK with `--nvme`), checked
-//! against an in-memory model; a share of reads and writes is dropped or leaked mid-flight.
-//! Reports ops, bytes, errors and mismatches; any error or mismatch makes the command fail.
+//! against an in-memory model; a share of reads and writes (`--drop-percent`,
+//! `--leak-percent`; with both 0, none) is dropped or leaked mid-flight. Reports ops, bytes,
+//! errors and mismatches; any error or mismatch makes the command fail, and so does a soak
+//! that checked nothing (no read completed and was compared with the model). Parameters that
+//! leave nothing to check are refused before the run (see `SoakArgs::layout`).
 //!
 //! With many tasks and regions (`--tasks 2048 --regions 4096`) it is the cancellation storm:
 //! thousands of operations in flight at once, many abandoned at random points.
@@ -14,8 +17,9 @@
 //!   widening), the others through `read_into`: completed ones equal the model like any read,
 //!   and dropped or leaked ones must leave the engine (and every other check) intact;
 //! - a dropped or leaked write never reads its source after the drop: such writes go to
-//!   scratch regions with bytes 0x01..=0x7F, the source is then filled with 0xFF, and no 0xFF
-//!   may ever reach the file;
+//!   scratch regions (an eighth of the regions, at least one, when anything may be
+//!   cancelled; none otherwise) with bytes 0x01..=0x7F, the source is then filled with 0xFF,
+//!   and no 0xFF may ever reach the file;
 //! - at the end, with every engine shut down, the file (read with std) or the namespace (read
 //!   by a fresh engine) equals the model, scratch regions hold no 0xFF.
 //!
@@ -35,16 +39,19 @@ use crate::size::fmt_bytes;
 use crate::stdout::outln;
 
 mod args;
+mod task;
 
 use args::Mode;
 pub use args::SoakArgs;
+use task::{TaskPlan, soak_task};
 
 /// Bytes a cancelled write writes: never 0xFF, which the source turns into after the cancel.
 const SCRATCH_MAX: u8 = 0x7F;
 const SCRIBBLE: u8 = 0xFF;
 
-/// The expected bytes of one file or namespace, a lock per region. The last regions are
-/// scratch: only cancelled writes go there, and only "no 0xFF" is known of them.
+/// The expected bytes of one file or namespace, a lock per region. The last regions (if
+/// anything may be cancelled) are scratch: only cancelled writes go there, and only "no
+/// 0xFF" is known of them; the others are checked.
 struct Model {
     regions: Vec<RwLock<Vec<u8>>>,
     region_len: usize,
@@ -81,6 +88,7 @@ struct Counters {
 
 pub async fn run(a: SoakArgs) -> CliResult {
     let (region_len, max_len) = a.layout()?;
+    let cancels = a.drop_percent > 0 || a.leak_percent > 0;
     let cuda = a.to.cuda()?;
     let dir = a.dir.clone().unwrap_or_else(std::env::temp_dir);
     // Refuse a file the filesystem cannot hold before writing any of it; register it so that
@@ -95,7 +103,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
     let mut rng = fastrand::Rng::with_seed(a.seed);
 
     // The file: random contents written with std, so the model starts from known bytes.
-    let model = new_model(&mut rng, a.regions, region_len);
+    let model = new_model(&mut rng, a.regions, region_len, cancels);
     std::fs::write(&path, model_bytes(&model).await)?;
     let mut backends = a.backend.clone();
     if backends.is_empty() {
@@ -145,14 +153,15 @@ pub async fn run(a: SoakArgs) -> CliResult {
         handles,
     }];
     if let Some(trid) = &a.nvme {
-        targets.push(nvme_target(trid, &mut rng, a.regions, region_len, &mut engines).await?);
+        let layout = (a.regions, region_len, cancels);
+        targets.push(nvme_target(trid, &mut rng, layout, &mut engines).await?);
     }
     targets.retain(|t| !t.handles.is_empty());
     if targets.is_empty() {
         return Err("no backend and open mode to soak".into());
     }
     outln!(
-        "soak: {} regions of {} for {:.1} min, {} tasks, requests up to {}, reads into {}, \
+        "soak: {} regions of {} for {} min, {} tasks, requests up to {}, reads into {}, \
          {}% dropped, {}% leaked, over: {}",
         a.regions,
         fmt_bytes(region_len as u64),
@@ -283,150 +292,33 @@ pub async fn run(a: SoakArgs) -> CliResult {
     }
     // The verdict does not depend on stdout: a failed soak fails even if nobody reads.
     let shown = outln!("{}", report(&counters, start.elapsed()));
-    let bad = counters.errors.load(Ordering::Relaxed) + counters.mismatches.load(Ordering::Relaxed);
-    if bad > 0 {
-        return Err(format!("soak failed: {bad} errors or mismatches").into());
-    }
+    verdict(&counters)?;
     shown?;
     outln!("soak passed: every read and the final contents matched the model")?;
     Ok(())
 }
 
-/// What every task does.
-#[derive(Clone, Copy)]
-struct TaskPlan {
-    max_len: usize,
-    drop_percent: u8,
-    leak_percent: u8,
-    deadline: Instant,
-}
-
-/// How an operation ends.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fate {
-    Complete,
-    Drop,
-    Leak,
-}
-
-async fn soak_task(
-    t: usize,
-    mut rng: fastrand::Rng,
-    plan: TaskPlan,
-    targets: &[SoakTarget],
-    stream: Option<Arc<CudaStream>>,
-    counters: &Counters,
-    doing: &[TaskState],
-) {
-    let set_doing = |what: String| {
-        if let Ok(mut d) = doing[t].lock() {
-            *d = Some((what, Instant::now()));
-        }
-    };
-    while Instant::now() < plan.deadline {
-        let target = &targets[rng.usize(0..targets.len())];
-        let h = &target.handles[rng.usize(0..target.handles.len())];
-        let model = &target.model;
-        let r = rng.usize(0..model.regions.len());
-        let len = rng.usize(1..=plan.max_len);
-        let within = rng.usize(0..=model.region_len - len);
-        let off = (r * model.region_len + within) as u64;
-        let scratch = r >= model.scratch_from;
-        let write = scratch || rng.u8(0..3) == 0;
-        let roll = rng.u8(0..100);
-        let mut fate = if scratch && write {
-            // Scratch regions take only cancelled writes.
-            if roll < 50 { Fate::Drop } else { Fate::Leak }
-        } else if write {
-            // Writes to checked regions complete; cancelled writes go to scratch regions.
-            Fate::Complete
-        } else if roll < plan.drop_percent {
-            Fate::Drop
-        } else if roll < plan.drop_percent + plan.leak_percent {
-            Fate::Leak
-        } else {
-            Fate::Complete
-        };
-        if fate == Fate::Leak && !take_leak(&h.leak_budget, len) {
-            fate = Fate::Drop;
-        }
-        let what = match (write, fate) {
-            (true, Fate::Complete) => "write",
-            (true, Fate::Drop) => "dropped write",
-            (true, Fate::Leak) => "leaked write",
-            (false, Fate::Complete) => "read",
-            (false, Fate::Drop) => "dropped read",
-            (false, Fate::Leak) => "leaked read",
-        };
-        set_doing(format!("{}: waiting for region {r}", h.name));
-        // Cancelled work runs with the region released: it may still land later, and only
-        // scratch regions (where that is allowed) take cancelled writes.
-        let outcome = if write && fate == Fate::Complete {
-            let mut expect = model.regions[r].write().await;
-            set_doing(format!("{}: {what} {off}+{len}", h.name));
-            let mut data = vec![0u8; len];
-            rng.fill(&mut data);
-            match h.file.write_from(&data, off).await {
-                Ok(n) if n == len => {
-                    expect[within..within + len].copy_from_slice(&data);
-                    counters.writes.fetch_add(1, Ordering::Relaxed);
-                    Ok(len)
-                }
-                Ok(n) => Err(format!("short write: {n} of {len}")),
-                Err(e) => Err(e.to_string()),
-            }
-        } else if write {
-            set_doing(format!("{}: {what} {off}+{len}", h.name));
-            let data: Vec<u8> = (0..len).map(|_| rng.u8(1..=SCRATCH_MAX)).collect();
-            let wait = Duration::from_micros(rng.u64(0..300));
-            cancelled_write(&h.file, data, off, wait, fate).await;
-            Ok(0)
-        } else if fate == Fate::Complete {
-            let expect = model.regions[r].read().await;
-            set_doing(format!("{}: {what} {off}+{len}", h.name));
-            match read(&h.file, stream.as_ref(), len, off).await {
-                Ok(b) if scratch && !b.contains(&SCRIBBLE) => Ok(len),
-                Ok(b) if !scratch && b[..] == expect[within..within + len] => Ok(len),
-                Ok(_) => {
-                    counters.mismatches.fetch_add(1, Ordering::Relaxed);
-                    Err("MISMATCH: read bytes differ from the model".to_string())
-                }
-                Err(e) => Err(e),
-            }
-            .inspect(|_| {
-                counters.reads.fetch_add(1, Ordering::Relaxed);
-            })
-        } else {
-            set_doing(format!("{}: {what} {off}+{len}", h.name));
-            let wait = Duration::from_micros(rng.u64(0..300));
-            match cancelled_read(&h.file, stream.as_ref(), len, off, wait, fate).await {
-                Ok(true) => Ok(0),
-                Ok(false) => {
-                    counters.mismatches.fetch_add(1, Ordering::Relaxed);
-                    Err(format!("MISMATCH: a {what} wrote its buffer afterwards"))
-                }
-                Err(e) => Err(e),
-            }
-        };
-        match fate {
-            Fate::Drop => counters.dropped.fetch_add(1, Ordering::Relaxed),
-            Fate::Leak => counters.leaked.fetch_add(1, Ordering::Relaxed),
-            Fate::Complete => 0,
-        };
-        match outcome {
-            Ok(moved) => {
-                counters.bytes.fetch_add(moved as u64, Ordering::Relaxed);
-            }
-            Err(e) => {
-                counters.errors.fetch_add(1, Ordering::Relaxed);
-                eprintln!("{}: {what} {off}+{len}: {e}", h.name);
-            }
-        }
+/// The soak's verdict from its counters: any error or mismatch fails it, and so does a soak
+/// that checked nothing (it used to pass with 0 reads and 0 writes).
+fn verdict(c: &Counters) -> Result<(), String> {
+    let bad = c.errors.load(Ordering::Relaxed) + c.mismatches.load(Ordering::Relaxed);
+    if bad > 0 {
+        return Err(format!("soak failed: {bad} errors or mismatches"));
     }
-    set_doing("done".into());
+    if c.reads.load(Ordering::Relaxed) == 0 {
+        return Err(
+            "soak failed: it checked nothing: no read completed to be compared with \
+                    the model (a run too short for one, or every read cancelled); raise \
+                    --minutes or lower --drop-percent and --leak-percent"
+                .into(),
+        );
+    }
+    Ok(())
 }
 
-fn new_model(rng: &mut fastrand::Rng, regions: usize, region_len: usize) -> Model {
+/// A model of `regions` regions of random bytes; with `cancels`, the last eighth (at least
+/// one region) is scratch for cancelled writes.
+fn new_model(rng: &mut fastrand::Rng, regions: usize, region_len: usize, cancels: bool) -> Model {
     let v = (0..regions)
         .map(|_| {
             let mut r = vec![0u8; region_len];
@@ -441,7 +333,7 @@ fn new_model(rng: &mut fastrand::Rng, regions: usize, region_len: usize) -> Mode
     Model {
         regions: v,
         region_len,
-        scratch_from: regions - (regions / 8).max(1),
+        scratch_from: regions - if cancels { (regions / 8).max(1) } else { 0 },
     }
 }
 
@@ -458,8 +350,7 @@ async fn model_bytes(m: &Model) -> Vec<u8> {
 async fn nvme_target(
     trid: &str,
     rng: &mut fastrand::Rng,
-    regions: usize,
-    region_len: usize,
+    (regions, region_len, cancels): (usize, usize, bool),
     engines: &mut Vec<Engine>,
 ) -> Result<SoakTarget, Box<dyn std::error::Error + Send + Sync>> {
     let engine = crate::bench::nvme_engine(Engine::builder(), "--nvme", trid)?;
@@ -469,7 +360,8 @@ async fn nvme_target(
     if regions < 2 {
         return Err(format!("{trid}: namespace of {ns_len} bytes is too small").into());
     }
-    let model = new_model(rng, regions, region_len);
+    // At least two regions, so that one is checked beside the scratch one.
+    let model = new_model(rng, regions, region_len, cancels);
     let bytes = model_bytes(&model).await;
     let n = file.write_from(&bytes, 0).await?;
     let mut back = vec![0u8; bytes.len()];
@@ -494,127 +386,12 @@ fn leak_budget(engine: &Engine) -> Arc<AtomicI64> {
     Arc::new(AtomicI64::new((engine.bounce_bytes() / 8) as i64))
 }
 
-/// Takes what a leak of `len` bytes may hold from `budget`, if it is there: slots are powers
-/// of two (at least 4 KiB), and an O_DIRECT read widened to its blocks can need the next
-/// size up, hence twice the rounded length.
-fn take_leak(budget: &AtomicI64, len: usize) -> bool {
-    let cost = len.next_power_of_two().max(4096) as i64 * 2;
-    budget
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |b| {
-            (b >= cost).then_some(b - cost)
-        })
-        .is_ok()
-}
-
 fn rw_open(engine: &Engine, path: &std::path::Path, direct: bool) -> gpuio::Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .direct(direct)
         .open(engine, path)
-}
-
-/// Reads `len` bytes at `off` into host or device memory and returns them (device bytes are
-/// copied back to compare).
-async fn read(
-    file: &File,
-    stream: Option<&Arc<CudaStream>>,
-    len: usize,
-    off: u64,
-) -> Result<Vec<u8>, String> {
-    match stream {
-        None if len % 2 == 0 => {
-            let (r, b) = file.read_owned(vec![0u8; len], off).await;
-            let n = r.map_err(|e| e.to_string())?;
-            if n != len || b.len() != len {
-                return Err(format!("short owned read: {n} of {len} ({} back)", b.len()));
-            }
-            Ok(b)
-        }
-        None => {
-            let mut b = vec![0u8; len];
-            let n = file
-                .read_into(&mut b, off)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n != len {
-                return Err(format!("short read: {n} of {len}"));
-            }
-            Ok(b)
-        }
-        Some(s) => {
-            let mut d = s
-                .alloc_zeros::<u8>(len)
-                .map_err(|e| format!("CUDA alloc: {e:?}"))?;
-            let n = file
-                .read_into(&mut d, off)
-                .await
-                .map_err(|e| e.to_string())?;
-            if n != len {
-                return Err(format!("short read: {n} of {len}"));
-            }
-            s.clone_dtoh(&d)
-                .map_err(|e| format!("CUDA copy back: {e:?}"))
-        }
-    }
-}
-
-/// Lets `fut` run for up to `wait`, then drops or leaks it.
-async fn cancel<F: std::future::Future>(fut: F, wait: Duration, fate: Fate) {
-    let mut fut = Box::pin(fut);
-    let _ = tokio::time::timeout(wait, fut.as_mut()).await;
-    if fate == Fate::Leak {
-        std::mem::forget(fut);
-    }
-}
-
-/// Starts a read, cancels it, scribbles the buffer and says whether the scribble stayed.
-async fn cancelled_read(
-    file: &File,
-    stream: Option<&Arc<CudaStream>>,
-    len: usize,
-    off: u64,
-    wait: Duration,
-    fate: Fate,
-) -> Result<bool, String> {
-    match stream {
-        None if len % 2 == 0 => {
-            // The engine owns the buffer until the read lands: nothing of ours to scribble.
-            cancel(file.read_owned(vec![0xC5u8; len], off), wait, fate).await;
-            Ok(true)
-        }
-        None => {
-            let mut b = vec![0xC5u8; len];
-            cancel(file.read_into(&mut b, off), wait, fate).await;
-            b.fill(0x3C);
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            Ok(b.iter().all(|&x| x == 0x3C))
-        }
-        Some(s) => {
-            let mut d = s
-                .alloc_zeros::<u8>(len)
-                .map_err(|e| format!("CUDA alloc: {e:?}"))?;
-            cancel(file.read_into(&mut d, off), wait, fate).await;
-            // Ordered after any copy the read put on this stream before it was cancelled.
-            s.memset_zeros(&mut d)
-                .map_err(|e| format!("CUDA memset: {e:?}"))?;
-            tokio::time::sleep(Duration::from_millis(2)).await;
-            let back = s
-                .clone_dtoh(&d)
-                .map_err(|e| format!("CUDA copy back: {e:?}"))?;
-            Ok(back.iter().all(|&x| x == 0))
-        }
-    }
-}
-
-/// Starts a write of `data` (bytes 0x01..=0x7F), cancels it, then fills the source with 0xFF:
-/// the final check finds any 0xFF that reached the file.
-async fn cancelled_write(file: &File, mut data: Vec<u8>, off: u64, wait: Duration, fate: Fate) {
-    cancel(file.write_from(&data, off), wait, fate).await;
-    data.fill(SCRIBBLE);
-    // Keep the scribbled source alive a moment: a write still reading it would see 0xFF.
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    drop(data);
 }
 
 fn report(c: &Counters, t: Duration) -> String {
@@ -629,4 +406,30 @@ fn report(c: &Counters, t: Duration) -> String {
         c.errors.load(Ordering::Relaxed),
         c.mismatches.load(Ordering::Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_soak_that_checked_nothing_fails() {
+        let c = Counters::default();
+        c.writes.store(10, Ordering::Relaxed);
+        c.dropped.store(5, Ordering::Relaxed);
+        let err = verdict(&c).expect_err("no read was checked");
+        assert!(err.contains("checked nothing"), "{err}");
+        c.reads.store(1, Ordering::Relaxed);
+        assert_eq!(verdict(&c), Ok(()));
+        c.mismatches.store(1, Ordering::Relaxed);
+        assert!(verdict(&c).is_err());
+    }
+
+    #[test]
+    fn scratch_regions_only_when_something_is_cancelled() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        assert_eq!(new_model(&mut rng, 1, 4096, false).scratch_from, 1);
+        assert_eq!(new_model(&mut rng, 2, 4096, true).scratch_from, 1);
+        assert_eq!(new_model(&mut rng, 64, 4096, true).scratch_from, 56);
+    }
 }

@@ -46,6 +46,7 @@ pub fn minutes(s: &str) -> Result<f64, String> {
 }
 
 fn duration(s: &str, unit_secs: f64, unit: &str) -> Result<f64, String> {
+    refuse_negative(s, "a run lasts at least a millisecond")?;
     let v: f64 = s
         .trim()
         .parse()
@@ -69,23 +70,48 @@ fn duration(s: &str, unit_secs: f64, unit: &str) -> Result<f64, String> {
     Ok(v)
 }
 
-/// A parser for a count in `1..=max` (queue depths, tasks, batch sizes: past `max` only the
-/// memory and threads they cost grow, not what they measure).
-pub fn count(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+/// Refuses text that is a negative number, saying what the flag takes instead. clap hands
+/// such values to the parsers (main.rs lets options take negative numbers) so that the
+/// refusal names the flag; integer parsing alone would only say "invalid digit".
+fn refuse_negative(s: &str, want: &str) -> Result<(), String> {
+    match s.trim() {
+        t if t.starts_with('-') => Err(format!("{t} is negative: {want}")),
+        _ => Ok(()),
+    }
+}
+
+/// A parser for a whole number in `min..=max` of any unsigned type (`u8` percentages, `u64`
+/// seeds and microseconds, counts whose 0 means something).
+pub fn whole<T>(min: T, max: T) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync
+where
+    T: std::str::FromStr + PartialOrd + std::fmt::Display + Copy + Send + Sync,
+{
     move |s: &str| {
-        let n: usize = s
-            .trim()
-            .parse()
-            .map_err(|_| format!("{s:?} is not a whole number"))?;
-        if !(1..=max).contains(&n) {
-            return Err(format!("{n} is outside 1..={max}"));
+        let t = s.trim();
+        refuse_negative(t, &format!("must be a whole number in {min}..={max}"))?;
+        let n: T = t.parse().map_err(|_| {
+            if !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) {
+                format!("{t} is outside {min}..={max}")
+            } else {
+                format!("{s:?} is not a whole number")
+            }
+        })?;
+        if n < min || n > max {
+            return Err(format!("{n} is outside {min}..={max}"));
         }
         Ok(n)
     }
 }
 
+/// A parser for a count in `1..=max` (queue depths, tasks, batch sizes: past `max` only the
+/// memory and threads they cost grow, not what they measure).
+pub fn count(max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync {
+    whole(1, max)
+}
+
 /// A count of at least one, bounded elsewhere (`soak --regions`, by --size).
 pub fn positive_count(s: &str) -> Result<usize, String> {
+    refuse_negative(s, "must be at least 1")?;
     match s.trim().parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) => Ok(n),
@@ -278,6 +304,28 @@ mod tests {
         let qd = count(8);
         assert!(qd("0").is_err() && qd("9").is_err() && qd("x").is_err());
         assert_eq!(qd("8"), Ok(8));
+        let percent = whole(0u8, 100);
+        assert_eq!(percent("0"), Ok(0));
+        assert_eq!(percent("100"), Ok(100));
+        for bad in ["101", "300", "x", ""] {
+            assert!(percent(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn negative_numbers_are_called_negative() {
+        let say = |r: Result<String, String>| r.expect_err("refused");
+        for err in [
+            say(seconds("-1").map(|v| v.to_string())),
+            say(minutes("-0.5").map(|v| v.to_string())),
+            say(count(8)("-1").map(|v| v.to_string())),
+            say(positive_count("-3").map(|v| v.to_string())),
+            say(whole(0u64, u64::MAX)("-1").map(|v| v.to_string())),
+            say(positive_size("-4096").map(|v| v.0.to_string())),
+            say(chunk_size("-4096").map(|v| v.0.to_string())),
+        ] {
+            assert!(err.contains("is negative"), "{err}");
+        }
     }
 
     #[test]

@@ -295,6 +295,51 @@ fn other_bad_values_are_refused_up_front() {
     assert!(!w.exists(), "a refused bench must not create its --file");
 }
 
+// Issue 40, item 10: a negative number reaches its flag's own check, which names the flag and
+// says it cannot be negative (clap took `-1` for an unknown flag: "unexpected argument '-1'").
+
+#[test]
+fn negative_numbers_are_refused_by_their_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = s(dir.path());
+    let src = dir.path().join("src");
+    std::fs::write(&src, [1u8; 4096]).unwrap();
+    let dst = dir.path().join("dst");
+    let cases: &[(&[&str], &str)] = &[
+        (&["bench", "--seconds", "-1"], "--seconds"),
+        (&["bench", "--qd", "-1"], "--qd"),
+        (&["bench", "--bs", "-4096"], "--bs"),
+        (&["bench", "--size", "-1"], "--size"),
+        (&["bench", "--rounds", "-2"], "--rounds"),
+        (&["bench", "--reactor-spin-us", "-5"], "--reactor-spin-us"),
+        (&["bench", "--sqpoll-idle-ms", "-5"], "--sqpoll-idle-ms"),
+        (&["soak", "--minutes", "-0.5", "--dir", d], "--minutes"),
+        (&["soak", "--tasks", "-3", "--dir", d], "--tasks"),
+        (&["soak", "--regions", "-3", "--dir", d], "--regions"),
+        (
+            &["soak", "--leak-percent", "-1", "--dir", d],
+            "--leak-percent",
+        ),
+        (
+            &["soak", "--drop-percent", "-1", "--dir", d],
+            "--drop-percent",
+        ),
+        (&["soak", "--seed", "-1", "--dir", d], "--seed"),
+        (&["cp", "--qd", "-1", s(&src), s(&dst)], "--qd"),
+    ];
+    for (args, flag) in cases {
+        let r = gpuio(args);
+        r.refused().says(&[flag, "negative"]);
+        assert!(
+            !r.stderr.contains("unexpected argument"),
+            "{}: {}",
+            r.what,
+            r.stderr
+        );
+    }
+    assert!(!dst.exists(), "a refused cp must not write");
+}
+
 /// Runs `gpuio ARGS` with stdout a pipe whose reader has already gone: every write fails with
 /// EPIPE, as under `gpuio ARGS | head -1` once head has exited.
 fn into_a_closed_pipe(args: &[&str]) -> Run {

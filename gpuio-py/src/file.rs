@@ -330,10 +330,12 @@ impl File {
     }
 
     /// ``read_into`` as an awaitable: the read runs on gpuio's threads and the result comes
-    /// back on the asyncio loop without blocking it. Cancelling the awaiting task stops the
-    /// read; ``dst`` is not written after the cancellation has taken effect (host memory), or
-    /// only by copies already queued on the stream (device memory), and gpuio keeps ``dst``
-    /// alive until those have run. Same stream semantics as ``read_into``.
+    /// back on the asyncio loop without blocking it. Cancelling (the task, or the future
+    /// itself) ends the read inside ``cancel()``: once the caller sees ``CancelledError``,
+    /// nothing more is written into host memory and ``dst`` is no longer exported (a
+    /// ``bytearray`` can resize); into device memory no further copy is queued, and copies
+    /// already queued run on the stream before anything queued there later (gpuio keeps
+    /// ``dst`` alive until they have run). Same stream semantics as ``read_into``.
     #[pyo3(signature = (dst, offset = 0, *, stream = None))]
     fn aread_into<'py>(
         &self,
@@ -370,8 +372,10 @@ impl File {
         block(py, write(self.inner.clone(), mem, offset)).map_err(to_py)
     }
 
-    /// ``write_from`` as an awaitable. Cancelling it stops the write: some of the bytes may
-    /// have reached the file, and none is reported as written.
+    /// ``write_from`` as an awaitable. Cancelling it ends the write inside ``cancel()``: some
+    /// of the bytes may have reached the file, none is reported as written, nothing more is
+    /// read from ``src``, and pieces still in the kernel are ordered before every later
+    /// operation on the file, so a later write always lands last.
     #[pyo3(signature = (src, offset = 0, *, stream = None))]
     fn awrite_from<'py>(
         &self,

@@ -267,3 +267,64 @@ def test_batch_into_device_memory(torch, engine, data_file):
 
     got, host = asyncio.run(main())
     assert got == [2048, 2048] and host == data[9:2057] + data[1:2049]
+
+
+def test_cancelled_device_write_never_lands_after_a_later_write(torch, tmpdir_path):
+    # Issue 40 on the H100: 10 of 20 cancelled writes from a CUDA tensor landed after a later
+    # successful write. cancel() now ends the operation before CancelledError is seen.
+    engine = gpuio.Engine()
+    path = os.path.join(tmpdir_path, "w.bin")
+    f = engine.open(path, write=True, create=True)
+    size = 64 << 20
+    old = torch.full((size,), 0xAA, dtype=torch.uint8, device="cuda")
+    new = torch.full((size,), 0xBB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+
+    async def main():
+        late = []
+        for i in range(10):
+            task = asyncio.ensure_future(f.awrite_from(old, 0))
+            await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            assert f.write_from(new, 0) == size
+            await asyncio.sleep(0.05)
+            got = np.fromfile(path, dtype=np.uint8, count=size)
+            if (got != 0xBB).any():
+                late.append(i)
+        return late
+
+    assert asyncio.run(main()) == []
+
+
+def test_cancelled_device_read_is_ordered_before_later_work_on_its_stream(torch, tmpdir_path):
+    # After CancelledError no new copy is queued; copies already queued run on the tensor's
+    # stream before anything queued there afterwards, so a fill queued after the cancel wins.
+    engine = gpuio.Engine()
+    path = os.path.join(tmpdir_path, "r.bin")
+    size = 64 << 20
+    np.full(size, 0x5A, dtype=np.uint8).tofile(path)
+    f = engine.open(path)
+
+    async def main():
+        wrong = 0
+        for _ in range(10):
+            dst = torch.zeros(size, dtype=torch.uint8, device="cuda")
+            task = asyncio.ensure_future(f.aread_into(dst, 0))
+            await asyncio.sleep(0)
+            task.cancel()
+            try:
+                await task
+                continue
+            except asyncio.CancelledError:
+                pass
+            dst.fill_(7)
+            await asyncio.sleep(0.05)
+            torch.cuda.synchronize()
+            wrong += int((dst != 7).any())
+        return wrong
+
+    assert asyncio.run(main()) == 0

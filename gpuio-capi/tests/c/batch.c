@@ -68,8 +68,10 @@ int main(int argc, char **argv) {
         {a, 5 * PAGE, 100, 2 * PAGE},
     };
     memset(dst, 0, dst_len);
+    total = 12345;
     EXPECT_ERR(gpuio_read_batch(mixed, 4, &d, results, &total), GPUIO_ERR_INVALID,
                "batch descriptor 1");
+    EXPECT(total == PAGE + 100); /* what the others read, though the call failed */
     EXPECT(strstr(gpuio_last_error(), "overlaps descriptor 0"));
     EXPECT(results[0].status == GPUIO_OK && results[0].bytes == PAGE);
     EXPECT(results[1].status == GPUIO_ERR_INVALID && results[1].bytes == 0);
@@ -78,13 +80,89 @@ int main(int argc, char **argv) {
     expect_pattern(dst, 0, PAGE);
     expect_pattern(dst + 2 * PAGE, 5 * PAGE, 100);
 
-    /* Malformed batches. */
-    EXPECT_ERR(gpuio_read_batch(descs, 0, &d, NULL, NULL), GPUIO_ERR_INVALID,
-               "batch of 0 descriptors");
-    EXPECT_ERR(gpuio_read_batch(NULL, 3, &d, NULL, NULL), GPUIO_ERR_INVALID, "null pointer");
-    gpuio_batch_desc dead[] = {{a, 0, PAGE, 0}, {NULL, 0, PAGE, PAGE}};
-    EXPECT_ERR(gpuio_read_batch(dead, 2, &d, NULL, NULL), GPUIO_ERR_INVALID,
+    /* A descriptor naming no file or a closed one fails alone, like the ones above: every
+     * result is written, the others are read, and the total counts what they read. */
+    gpuio_file *closed = NULL;
+    CHECK(gpuio_open(engine, a_path, GPUIO_OPEN_READ, &closed));
+    CHECK(gpuio_close(closed));
+    gpuio_batch_desc dead[] = {
+        {a, 0, PAGE, 0},
+        {NULL, 0, PAGE, PAGE},
+        {closed, 0, PAGE, 2 * PAGE},
+        {a, 7 * PAGE, 100, 3 * PAGE},
+    };
+    memset(dst, 0, dst_len);
+    memset(results, 0xAB, sizeof results);
+    total = 12345;
+    EXPECT_ERR(gpuio_read_batch(dead, 4, &d, results, &total), GPUIO_ERR_INVALID,
                "batch descriptor 1: gpuio_file is a null pointer");
+    EXPECT(results[0].status == GPUIO_OK && results[0].bytes == PAGE);
+    EXPECT(results[1].status == GPUIO_ERR_INVALID && results[1].bytes == 0);
+    EXPECT(results[2].status == GPUIO_ERR_BAD_HANDLE && results[2].bytes == 0);
+    EXPECT(results[3].status == GPUIO_OK && results[3].bytes == 100);
+    EXPECT(total == PAGE + 100);
+    expect_pattern(dst, 0, PAGE);
+    expect_pattern(dst + 3 * PAGE, 7 * PAGE, 100);
+    /* Asynchronously the same, the results written by the time the request completes. */
+    memset(results, 0xAB, sizeof results);
+    CHECK(gpuio_read_batch_async(dead, 4, &d, results, NULL, NULL, &req));
+    EXPECT_ERR(gpuio_request_wait(req, -1, &total), GPUIO_ERR_INVALID,
+               "batch descriptor 1: gpuio_file is a null pointer");
+    CHECK(gpuio_request_free(req));
+    EXPECT(results[0].status == GPUIO_OK && results[0].bytes == PAGE);
+    EXPECT(results[1].status == GPUIO_ERR_INVALID && results[1].bytes == 0);
+    EXPECT(results[2].status == GPUIO_ERR_BAD_HANDLE && results[2].bytes == 0);
+    EXPECT(results[3].status == GPUIO_OK && results[3].bytes == 100);
+    /* Only dead descriptors: nothing to read, each says why. */
+    memset(results, 0xAB, sizeof results);
+    total = 12345;
+    EXPECT_ERR(gpuio_read_batch(dead + 1, 2, &d, results, &total), GPUIO_ERR_INVALID,
+               "batch descriptor 0: gpuio_file is a null pointer");
+    EXPECT(results[0].status == GPUIO_ERR_INVALID && results[0].bytes == 0);
+    EXPECT(results[1].status == GPUIO_ERR_BAD_HANDLE && results[1].bytes == 0);
+    EXPECT(total == 0);
+    printf("ok batch with dead files: every result written\n");
+
+    /* A batch refused as a whole (here: no destination) still writes every result, with the
+     * refusal's status, and a total of 0. */
+    memset(results, 0xAB, sizeof results);
+    total = 12345;
+    EXPECT_ERR(gpuio_read_batch(descs, count, NULL, results, &total), GPUIO_ERR_INVALID,
+               "gpuio_buffer is a null pointer");
+    for (size_t i = 0; i < count; i++)
+        EXPECT(results[i].status == GPUIO_ERR_INVALID && results[i].bytes == 0);
+    EXPECT(total == 0);
+    memset(results, 0xAB, sizeof results);
+    EXPECT_ERR(gpuio_read_batch(NULL, 3, &d, results, NULL), GPUIO_ERR_INVALID, "null pointer");
+    for (size_t i = 0; i < 3; i++) EXPECT(results[i].status == GPUIO_ERR_INVALID);
+    memset(results, 0xAB, sizeof results);
+    EXPECT_ERR(gpuio_read_batch_async(descs, count, NULL, results, NULL, NULL, &req),
+               GPUIO_ERR_INVALID, "gpuio_buffer is a null pointer");
+    for (size_t i = 0; i < count; i++) EXPECT(results[i].status == GPUIO_ERR_INVALID);
+    printf("ok batch refused: every result written\n");
+
+    /* Counts no descriptor array can have: refused before anything is allocated or read,
+     * without a panic (c_api.rs checks stderr), the results left alone (no array of that
+     * many exists), the total 0. */
+    const size_t absurd[] = {SIZE_MAX, SIZE_MAX / sizeof(gpuio_batch_desc) + 1};
+    for (size_t i = 0; i < 2; i++) {
+        memset(results, 0xAB, sizeof results);
+        total = 12345;
+        EXPECT_ERR(gpuio_read_batch(descs, absurd[i], &d, results, &total), GPUIO_ERR_INVALID,
+                   "descriptors is more than any array holds");
+        EXPECT(total == 0);
+        EXPECT(results[0].bytes == 0xABABABABABABABABull);
+        req = NULL;
+        EXPECT_ERR(gpuio_read_batch_async(descs, absurd[i], &d, results, NULL, NULL, &req),
+                   GPUIO_ERR_INVALID, "descriptors is more than any array holds");
+        EXPECT(req == NULL);
+    }
+
+    /* Malformed batches. */
+    total = 12345;
+    EXPECT_ERR(gpuio_read_batch(descs, 0, &d, NULL, &total), GPUIO_ERR_INVALID,
+               "batch of 0 descriptors");
+    EXPECT(total == 0);
     EXPECT_ERR(gpuio_read_batch(descs, count, NULL, NULL, NULL), GPUIO_ERR_INVALID,
                "gpuio_buffer is a null pointer");
     EXPECT_ERR(gpuio_read_batch_async(descs, count, &d, NULL, NULL, NULL, NULL),

@@ -50,6 +50,16 @@ int main(int argc, char **argv) {
     memset(&s, 0, sizeof s);
     s.queue_depth = 100000;
     EXPECT_ERR(gpuio_engine_create(&s, &engine), GPUIO_ERR_INVALID, "queue depth");
+    /* Thread counts size what the engine starts: refused, not tried until the OS says no. */
+    memset(&s, 0, sizeof s);
+    s.executor_threads = UINT32_MAX;
+    EXPECT_ERR(gpuio_engine_create(&s, &engine), GPUIO_ERR_INVALID,
+               "executor_threads 4294967295 is more than");
+    memset(&s, 0, sizeof s);
+    s.pread_threads = UINT32_MAX;
+    EXPECT_ERR(gpuio_engine_create(&s, &engine), GPUIO_ERR_INVALID,
+               "pread_threads 4294967295 is more than");
+    EXPECT(engine == NULL);
     CHECK(gpuio_engine_create(NULL, &engine));
 
     /* Opening. */

@@ -126,6 +126,22 @@ int main(int argc, char **argv) {
     EXPECT_ERR(gpuio_request_test(req, NULL), GPUIO_ERR_BAD_HANDLE, "not a live gpuio_request");
     printf("ok request_free cancels a running request\n");
 
+    /* A cancelled batch still writes every result: the descriptors it never finished say
+     * GPUIO_ERR_CANCELED (this one never even started: the executor is held). */
+    blocker = block_executor(file, gate_buf);
+    gpuio_batch_desc descs[] = {{file, 0, 4096, 0}, {file, 8192, 4096, 4096}};
+    gpuio_batch_result results[2];
+    memset(results, 0xAB, sizeof results);
+    CHECK(gpuio_read_batch_async(descs, 2, &b, results, NULL, NULL, &req));
+    EXPECT(pthread_create(&helper, NULL, release_when_request_gone, req) == 0);
+    CHECK(gpuio_request_free(req));
+    pthread_join(helper, NULL);
+    CHECK(gpuio_request_wait(blocker, -1, NULL));
+    CHECK(gpuio_request_free(blocker));
+    for (size_t i = 0; i < 2; i++)
+        EXPECT(results[i].status == GPUIO_ERR_CANCELED && results[i].bytes == 0);
+    printf("ok batch request_free cancels, every result written\n");
+
     /* Freeing the engine cancels what runs: the callback reports GPUIO_ERR_CANCELED before
      * gpuio_engine_free returns; wait reports it too; the handle lives until freed. */
     blocker = block_executor(file, gate_buf);

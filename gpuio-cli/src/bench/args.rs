@@ -17,6 +17,9 @@ const MAX_QD: usize = 32768;
 const MAX_BATCH: usize = 65536;
 /// Most KvikIO threads tried under --compare.
 const MAX_KVIKIO_THREADS: usize = 4096;
+/// Most rounds per point: each keeps its measurements (and more than a million would take
+/// days); `usize::MAX` made the allocation for them panic.
+const MAX_ROUNDS: usize = 1_000_000;
 
 /// Where data goes: `host`, `gpu` (device 0), `gpu:N`, or (`gpuio bench` only) several GPUs,
 /// `gpu:0,1` or `gpu:all`.
@@ -194,7 +197,7 @@ pub struct BenchArgs {
     pub(crate) chunk: Option<ByteSize>,
     /// Most io_uring workers copying buffered pieces at once (default: the engine's, two per
     /// core; 0: the kernel's limit).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = validate::whole(0, u32::MAX))]
     pub(crate) iowq_workers: Option<u32>,
     /// Most buffered reads copied out of the page cache at once (default: the engine's,
     /// sized from the machine).
@@ -247,16 +250,16 @@ pub struct BenchArgs {
     pub(crate) async_copy_min: Option<ByteSize>,
     /// How long the reactor polls, without sleeping, after its last work (microseconds;
     /// default 0: the engine's default, no spin).
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = validate::whole(0, u64::MAX))]
     pub(crate) reactor_spin_us: Option<u64>,
     /// Longest the reactor sleeps while I/O is in the kernel (microseconds; 0: until woken;
     /// default: the engine's, 100).
-    #[arg(long, value_name = "US")]
+    #[arg(long, value_name = "US", value_parser = validate::whole(0, u64::MAX))]
     pub(crate) reactor_tick_us: Option<u64>,
     /// Let a kernel thread poll io_uring's submission queue, sleeping after this many idle
     /// milliseconds (`EngineBuilder::submission_polling`; default: off). Costs a core while
     /// I/O flows; measured slower on a RAM-backed loop device (BENCHMARKS.md).
-    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    #[arg(long, value_name = "MS", value_parser = validate::whole(1, 60_000u64))]
     pub(crate) sqpoll_idle_ms: Option<u64>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
@@ -277,7 +280,7 @@ pub struct BenchArgs {
     )]
     pub(crate) kvikio_threads: Vec<usize>,
     /// Rounds per point (alternating with fio under --compare); medians are reported.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = validate::whole(0, MAX_ROUNDS))]
     pub(crate) rounds: usize,
     /// Write an SVG plot of throughput against block size and queue depth, one panel per
     /// backend.

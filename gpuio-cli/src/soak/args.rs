@@ -41,11 +41,12 @@ pub struct SoakArgs {
     /// Backends to use (default: uring and pread; with a GPU, auto too).
     #[arg(long, value_delimiter = ',')]
     pub(super) backend: Vec<Backend>,
-    /// Percent of operations dropped mid-flight.
-    #[arg(long, default_value_t = 10)]
+    /// Percent of reads and writes dropped mid-flight (dropped writes go to scratch regions).
+    #[arg(long, default_value_t = 10, value_parser = validate::whole(0u8, 100))]
     pub(super) drop_percent: u8,
-    /// Percent of operations leaked (`mem::forget`) mid-flight, within each engine's budget.
-    #[arg(long, default_value_t = 1)]
+    /// Percent of reads and writes leaked (`mem::forget`) mid-flight, within each engine's
+    /// budget (later ones are dropped instead); 0: nothing leaks.
+    #[arg(long, default_value_t = 1, value_parser = validate::whole(0u8, 100))]
     pub(super) leak_percent: u8,
     /// Open modes: buffered, direct, or both.
     #[arg(
@@ -60,7 +61,7 @@ pub struct SoakArgs {
     #[arg(long)]
     pub(super) nvme: Option<String>,
     /// Seed of the random choices.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = validate::whole(0, u64::MAX))]
     pub(super) seed: u64,
 }
 
@@ -75,11 +76,16 @@ pub(super) enum Mode {
 
 impl SoakArgs {
     /// Checks what clap's parsers cannot see one value at a time, before any file is made:
-    /// returns the region length and the largest request.
+    /// returns the region length and the largest request. Refuses parameters that would leave
+    /// the soak nothing to check.
     pub(super) fn layout(&self) -> Result<(usize, usize), String> {
         let size = self.size.0 as usize;
-        if self.drop_percent as u32 + self.leak_percent as u32 > 100 {
-            return Err("--drop-percent + --leak-percent must be at most 100".into());
+        let (drop, leak) = (self.drop_percent, self.leak_percent);
+        if drop as u32 + leak as u32 >= 100 {
+            return Err(format!(
+                "--drop-percent {drop} + --leak-percent {leak} cancels every read, so no read \
+                 would be checked: keep the sum below 100"
+            ));
         }
         // Regions are at least a page: more of them than --size holds would make the file
         // (and the model held in memory) regions x 4 KiB, whatever --size says.
@@ -89,6 +95,19 @@ impl SoakArgs {
                  lower --regions",
                 self.regions,
                 fmt_bytes(self.size.0),
+                size / MIN_REGION
+            ));
+        }
+        // Cancelled writes go to scratch regions, where only "no 0xFF" is known: at least one
+        // more region must remain to be checked against the model. (One region used to become
+        // scratch, and the soak passed having checked nothing.)
+        if (drop > 0 || leak > 0) && self.regions < 2 {
+            return Err(format!(
+                "--regions {}: with cancelled operations (--drop-percent {drop}, --leak-percent \
+                 {leak}) the soak needs at least 2 regions, one for the cancelled writes and one \
+                 to check; raise --regions (each region is at least 4 KiB of --size, which \
+                 holds {}) or pass --drop-percent 0 --leak-percent 0",
+                self.regions,
                 size / MIN_REGION
             ));
         }
