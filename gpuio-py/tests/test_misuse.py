@@ -244,3 +244,23 @@ def test_a_small_pool_serves_every_awaited_read(tmpdir_path):
     bufs, got = asyncio.run(main())
     assert got == [len(data)] * 8
     assert all(bytes(b) == data for b in bufs)
+
+
+def test_spdk_memory_is_quiet_and_leaves_no_hugepage_file():
+    # Engine(spdk_memory=True) printed SPDK's start-up banner on stdout and left its hugepage
+    # file in /dev/hugepages after a clean exit.
+    from conftest import skip_loudly
+
+    hugepages = "/dev/hugepages"
+    listing = lambda: set(os.listdir(hugepages)) if os.path.isdir(hugepages) else set()  # noqa: E731
+    before = listing()
+    script = "import gpuio; e = gpuio.Engine(spdk_memory=True); print('made'); e.shutdown()"
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    err = p.stderr.decode(errors="replace")
+    if p.returncode != 0:
+        if "Unsupported" in err and os.environ.get("GPUIO_SPDK_REQUIRED") != "1":
+            skip_loudly(f"SPDK memory unavailable here: {err.strip().splitlines()[-1]}")
+        pytest.fail(f"Engine(spdk_memory=True) failed: {err[-600:]}")
+    assert p.stdout.decode() == "made\n", p.stdout.decode()
+    left = listing() - before
+    assert not left, f"hugepage files left behind: {sorted(left)}"
