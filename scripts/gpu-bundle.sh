@@ -32,8 +32,10 @@ for line in sys.stdin:
 }
 executables test --release --workspace --no-run | while IFS=$'\t' read -r name exe; do
   # gpuio-capi's test harnesses compile C and read the crate's source: the capi phase of
-  # run.sh runs the C programs they compile, built below, instead.
-  case "$name" in test-c_api|test-header) continue ;; esac
+  # run.sh runs the C programs they compile, built below, instead. tests/layering.rs reads
+  # src/ at the build machine's path (a property of the source, not of the machine): it ran
+  # here, and FAILed in the bundle on the H200 only because that path is absent there.
+  case "$name" in test-c_api|test-header|test-layering) continue ;; esac
   cp "$exe" "$OUT/tests/$name"
 done
 # The criterion benches that measure device memory (they skip, saying why, without a GPU).
@@ -146,23 +148,8 @@ run_test() { # phase, binary
   local phase=$1 t=$2 name start status secs summary skips
   name=$(basename "$t")
   start=$(date +%s)
-  if [ "$name" = test-device_lease ]; then
-    # One process per test: device leases share one copy stream per process, and streams the
-    # process made before can land on its hardware queue and deadlock behind a lease
-    # (docs/device-leases.md section 7, measured): a run of all seven in one process hangs
-    # or passes by how many streams came before, one per process does not.
-    local n=0 failed=0 one
-    status=PASS
-    : > "$LOGS/test-$phase-$name.log"
-    for one in $("$t" --list 2>/dev/null | sed -n 's/: test$//p'); do
-      n=$((n + 1))
-      timeout 120 "$t" --exact "$one" >> "$LOGS/test-$phase-$name.log" 2>&1 || { status=FAIL; failed=$((failed + 1)); }
-    done
-    summary="$((n - failed)) passed; $failed failed (one process each)"
-  else
   if timeout "${TEST_TIMEOUT:-240}" "$t" --test-threads=4 > "$LOGS/test-$phase-$name.log" 2>&1; then status=PASS; else status=FAIL; fi
   summary=$(grep -E '^test result:' "$LOGS/test-$phase-$name.log" | tail -1 | sed -E 's/test result: (ok|FAILED)\. //; s/; finished.*//')
-  fi
   secs=$(( $(date +%s) - start ))
   skips=$(grep -c '^SKIPPED' "$LOGS/test-$phase-$name.log")
   TABLE+=("$(printf '%-34s %-5s %4ss  %s  skipped-parts=%s' "$phase:$name" "$status" "$secs" "$summary" "$skips")")

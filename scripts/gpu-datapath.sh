@@ -66,21 +66,13 @@ cat "$F" > /dev/null
   row "warm to gpu [$envs $v]" "$(echo "$j" | python3 -c 'import json,sys; j=json.load(sys.stdin); print("%.2f GB/s %.0f IOPS, %.1f cores" % (j["gbps"], j["iops"], j.get("cpu_cores", float("nan"))))' 2>/dev/null || echo "FAILED: $(tail -1 "$LOGS/dp-err.log")")"
 done <<EOF_V
 -|--bs 16M --qd 8
--|--bs 16M --qd 8 --lease-min 64K
 -|--bs 16M --qd 8
--|--bs 16M --qd 8 --lease-min 64K
 -|--bs 16M --qd 8
--|--bs 16M --qd 8 --lease-min 64K
 -|--bs 64M --qd 4
--|--bs 64M --qd 4 --lease-min 64K
 -|--bs 1M --qd 32
--|--bs 1M --qd 32 --lease-min 64K
 -|--bs 1M --qd 32
--|--bs 1M --qd 32 --lease-min 64K
 -|--bs 4K --qd 64 --pattern rand
--|--bs 4K --qd 64 --pattern rand --lease-min 4K
 -|--bs 4K --qd 8 --pattern batch --batch 64
--|--bs 4K --qd 8 --pattern batch --batch 64 --lease-min 4K
 EOF_V
 for r in $(seq 1 "$R"); do
   j=$(./bin/gpuio bench --file "$F" --size 4G --bs 4K --qd 8 --pattern batch --batch 64 --to gpu --seconds "$S" --json 2>/dev/null | tail -1)
@@ -90,7 +82,7 @@ done
 # A cold 4 GiB file read whole into GPU memory, three ways, alternating; with BEFORE=DIR (a
 # directory holding an earlier build's gpuio and load_safetensors) that build's rows too.
 for r in $(seq 1 "$R"); do
-  for v in "" "--leases" "--no-residency" "--direct"; do
+  for v in "" "--no-residency" "--direct"; do
     drop_caches
     # shellcheck disable=SC2086
     row "cold read --to gpu [${v:-residency-aware}] #$r" "$(./bin/gpuio read "$F" --to gpu $v 2>&1 | tail -1)"

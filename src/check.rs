@@ -171,10 +171,8 @@ fn report_cuda(lines: &mut Vec<String>) {
                 c.library.as_deref().unwrap_or("?"),
                 c.devices.len()
             ));
-            for (i, place) in crate::cuda::topology::gpus().iter().enumerate() {
+            for place in crate::cuda::topology::gpus().iter() {
                 lines.push(format!("  {place}"));
-                #[cfg(feature = "cuda")]
-                lines.push(format!("    device leases: {}", lease_support(i)));
             }
             #[cfg(feature = "cuda")]
             report_peers(lines, c.devices.len());
@@ -226,19 +224,6 @@ fn report_peers(lines: &mut Vec<String>, n: usize) {
             "read by every GPU from the file (not every pair reaches each other directly)"
         }
     ));
-}
-
-/// Whether reads into GPU `ordinal`'s memory can take device leases (the reactor then copies
-/// their pieces itself, batched), and if not, why.
-#[cfg(feature = "cuda")]
-fn lease_support(ordinal: usize) -> String {
-    match crate::cuda::lease_support(ordinal) {
-        Ok(how) => format!(
-            "supported, off by default (EngineBuilder::device_leases turns them on: the reactor \
-             then copies large reads' pieces, {how})"
-        ),
-        Err(why) => format!("no ({why}): each read's future issues its copies"),
-    }
 }
 
 /// Whether NVMe namespaces can be opened through SPDK here, and what is missing if not.

@@ -329,7 +329,6 @@ impl File {
                         len,
                         device,
                         owned: None,
-                        lease: None,
                     },
                     _ => OpRequest::Write {
                         file,
@@ -371,23 +370,16 @@ impl File {
                     offset,
                     stream: None,
                     error: None,
-                    lease: None,
                     combine: None,
-                    // As for the page-cache fast path below: not while the engine lends leases.
-                    small_staged: self.engine.shared().lease_min.is_none(),
                 })
             }
         };
-        let to_device = device.is_some();
         let inner = self.start(OpKind::Read, offset, len, device, transfer);
         // A small read of a buffered file may be served from the page cache at first poll
         // (`op::cached`): only a valid request the reactor would otherwise take.
         let t = &self.inner;
-        // Not into device memory while the engine lends device leases: a leased stream waits
-        // on the reactor, and a copy queued on it from the polling thread could wait with it.
         let shared = self.engine.shared();
         let cached = (inner.is_unsent()
-            && (!to_device || shared.lease_min.is_none())
             && len <= crate::op::cached::CACHED_READ_MAX
             && shared.cached_fast_path
             && !shared.inherited()
@@ -597,7 +589,6 @@ impl File {
                 addr,
                 keep: owned.into_any(),
             }),
-            lease: None,
         };
         let mut fut = OpFuture::new(
             self.engine.shared().clone(),

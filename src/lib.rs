@@ -73,8 +73,7 @@ pub use buf::quarantine::quarantined;
 pub use buf::raw_device::RawDeviceSlice;
 pub use buf::{IoBuf, IoBufMut, ReadDst, WriteSrc};
 pub use engine::{
-    Backend, BackendInfo, DEFAULT_LEASE_MIN, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine,
-    EngineBuilder,
+    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineBuilder,
 };
 pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]

@@ -332,11 +332,6 @@ async fn measure(
     if a.no_residency {
         builder = builder.residency_aware(false);
     }
-    if let (false, Some(m)) = (a.no_leases, a.lease_min) {
-        // SAFETY: the bench never leaks a read future, frees its destinations only after
-        // every read into them has completed, and frees nothing synchronously meanwhile.
-        builder = unsafe { builder.device_leases(Some(m.0 as usize)) };
-    }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {
         base.direct_chunk

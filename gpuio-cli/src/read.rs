@@ -35,25 +35,14 @@ pub struct ReadArgs {
     /// cache lacks are read with O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     no_residency: bool,
-    /// The reactor copies the pieces into GPU memory under a device lease
-    /// (`EngineBuilder::device_leases`; off by default).
-    #[arg(long)]
-    leases: bool,
 }
 
 /// The engine `gpuio read` runs on: the chosen backend, residency-aware unless told not.
 fn engine(a: &ReadArgs) -> gpuio::Result<Engine> {
-    let b = Engine::builder()
+    Engine::builder()
         .backend(a.backend)
-        .residency_aware(!a.no_residency);
-    // SAFETY: `gpuio read` awaits every read to completion before freeing its destination,
-    // and frees nothing synchronously while a read runs.
-    let b = if a.leases {
-        unsafe { b.device_leases(Some(gpuio::DEFAULT_LEASE_MIN)) }
-    } else {
-        b
-    };
-    b.build()
+        .residency_aware(!a.no_residency)
+        .build()
 }
 
 /// Bytes per read request. A multiple of 8, so that every window starts a new 8-byte word of

@@ -22,13 +22,7 @@ use crate::runner::{block, spawn};
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
 /// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
 /// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
-/// False sends everything through the page cache), ``device_lease_min`` (-1 or None: the
-/// default, off: each read copies its own pieces; n: reads into GPU memory of at least n bytes
-/// hold the tensor's stream with a device lease and the reactor copies every piece itself,
-/// batched; never with anything in the process that frees device memory synchronously while
-/// reads run, such as ``torch.cuda.empty_cache()``: see the library's
-/// ``EngineBuilder::device_leases``). Bad settings raise
-/// ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
+/// False sends everything through the page cache). Bad settings raise ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
 pub struct Engine {
     pub(crate) inner: gpuio::Engine,
@@ -46,8 +40,7 @@ impl Engine {
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         page_cache_copies = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
-        reactor_spin = None, reactor_tick = None, residency_aware = true,
-        device_lease_min = -1))]
+        reactor_spin = None, reactor_tick = None, residency_aware = true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -68,7 +61,6 @@ impl Engine {
         reactor_spin: Option<f64>,
         reactor_tick: Option<f64>,
         residency_aware: bool,
-        device_lease_min: Option<i64>,
     ) -> PyResult<Self> {
         let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
         let buffered_chunk_size: Option<usize> =
@@ -90,19 +82,6 @@ impl Engine {
             .spdk_memory(spdk_memory)
             .cufile_compat(cufile_compat)
             .residency_aware(residency_aware);
-        match device_lease_min {
-            Some(-1) | None => {}
-            // SAFETY: every op keeps its Python object (and so the memory) alive until the
-            // reactor is done with it, so no destination is freed under a read, however the
-            // caller drops or cancels; synchronous frees are the docstring's warning.
-            Some(n) if n > 0 => b = unsafe { b.device_leases(Some(n as usize)) },
-            Some(n) => {
-                return Err(crate::errors::invalid(
-                    py,
-                    format!("device_lease_min: {n} (want a positive byte count, -1 or None)"),
-                ));
-            }
-        }
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }

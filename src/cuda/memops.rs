@@ -1,19 +1,16 @@
-//! The driver calls device leases and reactor-issued copies need that cudarc's result and safe
-//! tiers do not wrap: stream memory operations (`cuStreamWaitValue32_v2`,
-//! `cuStreamWriteValue32_v2`) and batched copies (`cuMemcpyBatchAsync_v2`, CUDA 13 drivers).
+//! The driver call batched copies need that cudarc's result and safe tiers do not wrap:
+//! `cuMemcpyBatchAsync_v2` (CUDA 13 drivers).
 //!
 //! cudarc's own wrappers resolve a symbol on first call and panic when the driver lacks it, so
 //! these are resolved here, once, through `libloading` on the library cudarc loaded, and kept
 //! as function pointers: a missing symbol is a reason to fall back, never a panic.
 
-use std::ffi::c_uint;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys::{
     self, CUdeviceptr, CUmemcpyAttributes, CUmemcpySrcAccessOrder, CUresult, CUstream,
 };
 
-type ValueFn = unsafe extern "C" fn(CUstream, CUdeviceptr, u32, c_uint) -> CUresult;
 type BatchFn = unsafe extern "C" fn(
     *mut CUdeviceptr,
     *mut CUdeviceptr,
@@ -25,21 +22,13 @@ type BatchFn = unsafe extern "C" fn(
     CUstream,
 ) -> CUresult;
 
-/// `CU_STREAM_WAIT_VALUE_GEQ`: wait until `(int32_t)(*addr - value) >= 0` (cyclic).
-const WAIT_GEQ: c_uint = 0;
-/// `CU_STREAM_WRITE_VALUE_DEFAULT`: the write is preceded by a fence, so every earlier copy
-/// on the stream is visible before the value is.
-const WRITE_DEFAULT: c_uint = 0;
-
 /// The resolved entry points.
 pub(crate) struct MemOps {
-    wait32: ValueFn,
-    write32: ValueFn,
     /// `None` on drivers before CUDA 13 (copies are then issued one by one).
     batch: Option<BatchFn>,
 }
 
-/// The entry points, resolved once; `Err` says why stream memory operations are unusable.
+/// The entry points, resolved once (`Err` is kept for drivers that cannot be asked at all).
 /// Call only once [`crate::cuda::available`] said yes (cudarc panics if libcuda is missing).
 pub(crate) fn memops() -> Result<&'static MemOps, String> {
     static OPS: OnceLock<Result<MemOps, String>> = OnceLock::new();
@@ -49,16 +38,8 @@ pub(crate) fn memops() -> Result<&'static MemOps, String> {
         // SAFETY: the requested types are the driver API's C signatures of these symbols
         // (CUDA driver API reference; cudarc's sys tier declares the same ones).
         unsafe {
-            let wait32 = lib
-                .get::<ValueFn>(b"cuStreamWaitValue32_v2\0")
-                .map_err(|e| format!("the driver lacks cuStreamWaitValue32_v2 ({e})"))?;
-            let write32 = lib
-                .get::<ValueFn>(b"cuStreamWriteValue32_v2\0")
-                .map_err(|e| format!("the driver lacks cuStreamWriteValue32_v2 ({e})"))?;
             let batch = lib.get::<BatchFn>(b"cuMemcpyBatchAsync_v2\0").ok();
             Ok(MemOps {
-                wait32: *wait32,
-                write32: *write32,
                 batch: batch.map(|b| *b),
             })
         }
@@ -79,44 +60,6 @@ impl MemOps {
     /// Whether batched copies are available (a CUDA 13 driver).
     pub(crate) fn has_batch(&self) -> bool {
         self.batch.is_some()
-    }
-
-    /// Queues on `stream` a wait until the 32-bit word at device address `addr` reaches
-    /// `value` (cyclically: `(int32_t)(*addr - value) >= 0`).
-    ///
-    /// # Safety
-    /// `stream` must be a live stream of the context current on this thread; `addr` must be
-    /// a device-visible address of a 32-bit word (device memory or mapped pinned host memory)
-    /// that stays valid until the stream has passed the wait.
-    pub(crate) unsafe fn wait_geq(
-        &self,
-        stream: CUstream,
-        addr: CUdeviceptr,
-        value: u32,
-    ) -> Result<(), String> {
-        // SAFETY: the caller's preconditions are the driver's.
-        check(
-            unsafe { (self.wait32)(stream, addr, value, WAIT_GEQ) },
-            "cuStreamWaitValue32",
-        )
-    }
-
-    /// Queues on `stream` a write of `value` into the word at `addr`, after everything queued
-    /// on `stream` before it (fenced: earlier copies are visible first).
-    ///
-    /// # Safety
-    /// As [`wait_geq`](Self::wait_geq).
-    pub(crate) unsafe fn write(
-        &self,
-        stream: CUstream,
-        addr: CUdeviceptr,
-        value: u32,
-    ) -> Result<(), String> {
-        // SAFETY: the caller's preconditions are the driver's.
-        check(
-            unsafe { (self.write32)(stream, addr, value, WRITE_DEFAULT) },
-            "cuStreamWriteValue32",
-        )
     }
 
     /// Queues `dsts.len()` copies on `stream` in one driver call. With

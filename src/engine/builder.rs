@@ -42,7 +42,6 @@ pub struct EngineBuilder {
     pread_threads: Option<usize>,
     punt_min: Option<usize>,
     residency_aware: bool,
-    lease_min: Option<usize>,
     cached_fast_path: bool,
     spdk_memory: bool,
     cufile_compat: bool,
@@ -69,7 +68,6 @@ impl Default for EngineBuilder {
             pread_threads: None,
             punt_min: Some(64 << 10),
             residency_aware: true,
-            lease_min: None,
             cached_fast_path: true,
             spdk_memory: false,
             cufile_compat: false,
@@ -289,38 +287,6 @@ impl EngineBuilder {
         self
     }
 
-    /// Reads into device memory of at least `min_bytes` ([`DEFAULT_LEASE_MIN`](crate::DEFAULT_LEASE_MIN)
-    /// is a good value) hold the destination's stream with a device lease and let the reactor
-    /// copy each piece into the memory itself, many pieces per driver call, instead of the
-    /// future copying in `poll` (`None`, the default: never). Where a lease cannot be taken
-    /// (see `gpuio check`: the driver, the stream) the future copies, as with `None`. Either
-    /// way the future resolves once every copy is queued ahead of later work on the stream.
-    ///
-    /// Off by default, and `unsafe`, for reasons measured on the GPU (`docs/device-leases.md`,
-    /// section 7). Experimental: leased reads deadlock once the copy stream shares one of the
-    /// driver's `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues with a stream held by a lease
-    /// (measured on the H100: 4 KiB reads on eight streams hang at the default of 8 queues,
-    /// one stream hangs with 1); how many streams a program uses decides it.
-    ///
-    /// # Safety
-    /// With leases on, the caller guarantees, for the engine's life:
-    /// - a read future into device memory that is leaked (`mem::forget`, a leaked `Box`, a
-    ///   reference cycle: anything that skips its drop) does not have its destination freed
-    ///   until the destination's stream has passed the read (`stream.synchronize()` returned).
-    ///   The reactor goes on queuing copies into the memory after the leak, and the driver
-    ///   forbids queuing work on memory once its `cuMemFreeAsync` has returned (its batched
-    ///   copy faults on such memory: measured). A dropped future is fine: its drop stops the
-    ///   copies before it returns;
-    /// - nothing in the process frees device memory synchronously (`cuMemFree`, `cudaFree`,
-    ///   as `torch.cuda.empty_cache()` does) while a leased read is in flight: that call waits
-    ///   for the leased stream while the driver holds back the reactor's copies that would end
-    ///   the lease, and the process hangs. cudarc frees stream-ordered; leases are refused on
-    ///   devices without the stream-ordered allocator.
-    pub unsafe fn device_leases(mut self, min_bytes: Option<usize>) -> Self {
-        self.lease_min = min_bytes;
-        self
-    }
-
     /// How long the reactor keeps looking for new requests and completions, without sleeping,
     /// after its last piece of work while operations are open (default: no spin). A sleeping
     /// reactor costs small requests thread wake-ups; spinning trades up to one core for them.
@@ -449,7 +415,6 @@ impl EngineBuilder {
             Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
         let (tx, rx) = channel::<Msg>();
         let mut handle = ReactorHandle::new(tx, doorbell.clone(), arena.clone());
-        handle.lease_min = self.lease_min.map(|m| m as u64);
         handle.cached_fast_path = self.cached_fast_path;
         let shared = Arc::new(handle);
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);

@@ -15,12 +15,6 @@ pub use builder::EngineBuilder;
 /// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
 pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
 
-/// A good smallest read into device memory to take a device lease where leases are turned on
-/// (they are off by default: see [`EngineBuilder::device_leases`]). Below it the future copies
-/// in `poll`: a lease costs three more driver calls on the caller's thread and orders reads
-/// that share a stream one after another, which small reads feel and large ones do not.
-pub const DEFAULT_LEASE_MIN: usize = 64 * 1024;
-
 /// How long a request waits for bounce memory that nothing in flight can give back before the
 /// pool grows or the request fails (see [`EngineBuilder::pool_wait_limit`]). Live futures
 /// give slots back within microseconds of being polled; five seconds without any is a leak
@@ -212,12 +206,6 @@ impl Engine {
         {
             false
         }
-    }
-
-    /// Reads into device memory so far whose copies the reactor issued itself under a device
-    /// lease (see [`EngineBuilder::device_leases`]); the others were copied by their futures.
-    pub fn leased_reads(&self) -> u64 {
-        self.inner.shared.leased_reads.load(Ordering::Relaxed)
     }
 
     /// Small reads (into host or device memory) so far that the polling thread served straight from the

@@ -19,8 +19,7 @@
 //! for memory used there (torch's and cupy's default stream), the copy goes on a side stream
 //! of gpuio's ordered with the legacy one by two events (`cuda::side`). Where the call is
 //! missing (drivers before CUDA 12.8), the stream is the per-thread default one, the stream is
-//! being captured into a graph, or the engine lends device leases (whose streams wait on the
-//! reactor), small device reads go through the reactor. The copy call may wait while the driver's own staging
+//! being captured into a graph, small device reads go through the reactor. The copy call may wait while the driver's own staging
 //! memory is full of earlier copies queued behind long work on the same stream: bounded by
 //! that work, and the one way this path can hold the polling thread longer than a copy.
 

@@ -8,8 +8,7 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 use super::combine::{Combine, Combined};
 use super::future::Transfer;
 use super::gate::Gated;
-use super::msg::{Msg, ReactorHandle};
-use super::request::{LeasedDst, OpRequest};
+use super::msg::Msg;
 use super::{OpShared, ReadyPiece, ReadyPieces, Staging};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
@@ -131,15 +130,8 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) offset: u64,
     pub(crate) stream: Option<Arc<CudaStream>>,
     pub(crate) error: Option<Error>,
-    /// The read's device lease, if it took one: dropping the future stops the reactor's
-    /// copies into the memory before the borrow ends.
-    pub(crate) lease: Option<Arc<crate::cuda::lease::DeviceLease>>,
     /// Hand the pieces to a batch that copies them with its other reads' (`op::combine`).
     pub(crate) combine: Option<Combine>,
-    /// Whether small reads may copy out of their slots in a call that reads them before it
-    /// returns ([`copy_small`](Self::copy_small)): not on engines that lend device leases,
-    /// whose streams wait on the reactor (a copy queued from `poll` could wait with them).
-    pub(crate) small_staged: bool,
 }
 
 /// Whether small reads may stage their bytes in pageable memory and copy them in `stream`'s
@@ -259,10 +251,7 @@ impl DeviceCopyOut<'_> {
         own: &Arc<CudaStream>,
     ) -> Result<Option<Msg>, ReadyPieces> {
         let (offset, len) = (self.offset, self.dst.byte_len());
-        if !self.small_staged
-            || len > super::cached::CACHED_READ_MAX
-            || pieces.iter().any(|p| p.slot.on_device)
-        {
+        if len > super::cached::CACHED_READ_MAX || pieces.iter().any(|p| p.slot.on_device) {
             return Err(pieces);
         }
         let stream = self.stream.clone().unwrap_or_else(|| own.clone());
@@ -322,14 +311,6 @@ impl DeviceCopyOut<'_> {
                 Msg::Abandon(shared.clone(), pieces)
             }
         }))
-    }
-}
-
-impl Drop for DeviceCopyOut<'_> {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.stop_copies();
-        }
     }
 }
 
@@ -406,31 +387,6 @@ impl Transfer for DeviceCopyOut<'_> {
             offset,
             release,
         )
-    }
-
-    fn before_submit(&mut self, req: &mut OpRequest, engine: &ReactorHandle) {
-        let OpRequest::Read { len, lease, .. } = req else {
-            return;
-        };
-        if self.combine.is_some() || engine.lease_min.is_none_or(|m| *len < m) {
-            return;
-        }
-        // Pin the pool here, not on the reactor's thread: the reactor must never make a
-        // driver call that could wait on a stream a lease holds.
-        let ctx = self.dst.own_stream().context().clone();
-        if ctx.bind_to_thread().is_ok() {
-            engine.arena.ensure_pinned(&ctx);
-        }
-        match crate::cuda::lease::take(self.dst, self.stream.as_ref()) {
-            Ok((lease_taken, ptr)) => {
-                self.lease = Some(lease_taken.clone());
-                *lease = Some(LeasedDst {
-                    lease: lease_taken,
-                    ptr,
-                })
-            }
-            Err(why) => tracing::debug!(%why, "no device lease; this read's future copies"),
-        }
     }
 
     fn take_error(&mut self) -> Option<Error> {

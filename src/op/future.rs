@@ -27,10 +27,6 @@ pub(crate) trait Transfer: Send + Unpin {
         (!pieces.is_empty()).then(|| Msg::release(shared, pieces))
     }
 
-    /// Called at the first poll, before the request goes to the reactor (a device read takes
-    /// its lease here).
-    fn before_submit(&mut self, _req: &mut OpRequest, _engine: &ReactorHandle) {}
-
     /// An error the transfer hit (a failed device copy); the op then fails with it.
     fn take_error(&mut self) -> Option<Error> {
         None
@@ -57,13 +53,6 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
         match self {
             Either::Host(t) => t.transfer(pieces, arena, shared),
             Either::Device(t) => t.transfer(pieces, arena, shared),
-        }
-    }
-
-    fn before_submit(&mut self, req: &mut OpRequest, engine: &ReactorHandle) {
-        match self {
-            Either::Host(t) => t.before_submit(req, engine),
-            Either::Device(t) => t.before_submit(req, engine),
         }
     }
 
@@ -204,9 +193,6 @@ impl<T: Transfer> Future for OpFuture<T> {
             shared.lock().waker = Some(cx.waker().clone());
             match &mut msg {
                 Msg::Submit(s) | Msg::Shutdown(s) => {
-                    if let Some(req) = s.req.as_mut() {
-                        this.transfer.before_submit(req, &this.engine);
-                    }
                     s.shared = Some(shared.clone());
                 }
                 _ => {}

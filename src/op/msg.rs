@@ -135,10 +135,6 @@ pub(crate) struct ReactorHandle {
     pub(crate) dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
     pub(crate) death: std::sync::OnceLock<String>,
-    /// Device reads of at least this many bytes take a device lease (`None`: none do).
-    pub(crate) lease_min: Option<u64>,
-    /// Reads whose device copies the reactor issued under a lease.
-    pub(crate) leased_reads: std::sync::atomic::AtomicU64,
     /// Small host reads may be served straight from the page cache by the polling thread
     /// (`op::cached`); off, every read goes through the reactor.
     pub(crate) cached_fast_path: bool,
@@ -165,8 +161,6 @@ impl ReactorHandle {
             arena,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
-            lease_min: None,
-            leased_reads: std::sync::atomic::AtomicU64::new(0),
             cached_fast_path: true,
             cached_reads: std::sync::atomic::AtomicU64::new(0),
             fork_generation: super::fork::generation(),

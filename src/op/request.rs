@@ -20,18 +20,6 @@ pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
 #[cfg(not(feature = "cuda"))]
 pub(crate) type DeviceCtx = std::convert::Infallible;
 
-/// Device memory the reactor copies a read's pieces into itself, under a device lease on the
-/// memory's stream (`crate::cuda::lease`): the lease, and the memory's device address (file
-/// byte `offset` of the read).
-#[cfg(feature = "cuda")]
-pub(crate) struct LeasedDst {
-    pub(crate) lease: Arc<crate::cuda::lease::DeviceLease>,
-    pub(crate) ptr: u64,
-}
-/// Without CUDA no read is leased.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type LeasedDst = std::convert::Infallible;
-
 /// Caller memory the reactor owns for the length of a read (`File::read_owned`): the kernel
 /// reads straight into it, no bounce slot and no copy. The reactor holds `keep` (the owned
 /// buffer, whose heap memory `addr` points into) until the kernel is done with every piece,
@@ -106,8 +94,6 @@ pub(crate) enum OpRequest {
         device: DeviceHint,
         /// Read straight into this owned buffer (host memory, aligned for the file).
         owned: Option<OwnedTarget>,
-        /// The reactor copies the pieces into device memory itself (set at first poll).
-        lease: Option<LeasedDst>,
     },
     Write {
         file: Arc<Target>,

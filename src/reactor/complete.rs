@@ -75,12 +75,6 @@ impl Reactor {
                     valid: io.done,
                     slot,
                 };
-                #[cfg(feature = "cuda")]
-                if op.leased.is_some() {
-                    self.hand_to_copies(key, ready);
-                    self.maybe_finish(key);
-                    return;
-                }
                 // Woken after `maybe_finish`, which sets the result if this was the last piece.
                 let _wake = op.shared.stage_ready(ready);
                 self.maybe_finish(key);

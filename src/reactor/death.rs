@@ -54,9 +54,6 @@ impl Reactor {
     /// Fails everything pending with `reason` and quarantines what may still be written.
     pub(super) fn die(&mut self, reason: String) {
         tracing::error!(%reason, "gpuio reactor died");
-        // Leased streams wait for a release queued after whatever copies were queued.
-        #[cfg(feature = "cuda")]
-        self.release_leases();
         let in_lanes = self.ios.len() > self.fenced.len();
         for (_, op) in self.ops.iter_mut() {
             if !in_lanes {
@@ -115,8 +112,6 @@ impl Reactor {
         self.retire_main()?;
         // Dropping the main lane closes the ring (or joins the pool) with nothing in flight.
         self.main.take();
-        #[cfg(feature = "cuda")]
-        self.close_copy_streams();
         self.quarantine_if_compromised();
         Ok(())
     }

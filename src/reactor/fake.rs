@@ -172,7 +172,6 @@ mod tests {
                 len,
                 device: None,
                 owned: None,
-                lease: None,
             })
         }
 

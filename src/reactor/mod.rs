@@ -64,8 +64,6 @@
 //! write.
 
 mod complete;
-#[cfg(feature = "cuda")]
-mod copies;
 mod death;
 #[cfg(test)]
 mod fake;
@@ -201,9 +199,6 @@ pub(crate) struct Reactor {
     /// Why the cuFile lane could not be set up (asked once per engine).
     #[cfg(feature = "cuda")]
     cufile_unavailable: Option<String>,
-    /// Copy streams and pieces waiting for reactor-issued device copies (leased reads).
-    #[cfg(feature = "cuda")]
-    copies: copies::Copies,
     /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
     spdk: Option<crate::lane::spdk::SpdkLane>,
     /// Fault injection: panic at the next completion.
@@ -271,8 +266,6 @@ impl Reactor {
             cufile: None,
             #[cfg(feature = "cuda")]
             cufile_unavailable: None,
-            #[cfg(feature = "cuda")]
-            copies: copies::Copies::default(),
             spdk: None,
             panic_armed: false,
             next_serial: 0,
@@ -323,8 +316,6 @@ impl Reactor {
             self.poll_gates();
             self.gates_polled = Instant::now();
         }
-        #[cfg(feature = "cuda")]
-        self.issue_copies();
         self.schedule();
         if self.shutting_down {
             self.enforce_shutdown_deadline();
@@ -356,9 +347,6 @@ impl Reactor {
             self.on_completion(*c);
         }
         done.clear();
-        // Every piece that completed in this turn is copied in one batch.
-        #[cfg(feature = "cuda")]
-        self.issue_copies();
         self.completions = done;
         // Until the next wait: what the completions left.
         self.sample_occupancy();
@@ -423,12 +411,6 @@ impl Reactor {
             // Only while I/O is in the kernel, so leaked operations (open for good) never
             // keep an otherwise idle reactor waking.
             timeout = Some(self.cfg.tick);
-        }
-        #[cfg(feature = "cuda")]
-        if self.copies.waiting() {
-            // Pieces wait for a lease's first event, which nothing rings for.
-            let look = copies::PRIOR_WORK_POLL;
-            timeout = Some(timeout.map_or(look, |t| t.min(look)));
         }
         if self.stall.is_some() {
             // Nothing may ring while the pool is stalled: look again in time to grow it

@@ -165,19 +165,10 @@ impl Reactor {
                     self.runnable.pop_front();
                     continue;
                 }
-                #[cfg(feature = "cuda")]
-                if let super::copies::LeaseGate::Park = self.lease_gate(key, piece.len) {
-                    let op = &mut self.ops[key];
-                    op.in_runnable = false;
-                    self.runnable.pop_front();
-                    continue;
-                }
                 let op = &mut self.ops[key];
                 match self.slots.alloc(on_device, piece.len) {
                     Some(s) => {
                         op.held_bytes += s.size();
-                        #[cfg(feature = "cuda")]
-                        self.lease_slot(key, s.size(), true);
                         Some(s)
                     }
                     None => {

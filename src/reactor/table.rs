@@ -103,9 +103,6 @@ pub(super) struct OpEntry {
     /// Each piece goes direct or buffered by what the page cache holds of it (a buffered
     /// file's large read planned on its O_DIRECT twin's alignment).
     pub(super) residency: bool,
-    /// The reactor copies this read's pieces into device memory under a lease.
-    #[cfg(feature = "cuda")]
-    pub(super) leased: Option<super::copies::LeasedOp>,
 }
 
 impl OpEntry {
@@ -239,15 +236,14 @@ impl Reactor {
         };
         let kind = req.op_kind();
         let mut pending = None;
-        let (file, offset, len, device, owned, lease) = match req {
+        let (file, offset, len, device, owned) = match req {
             OpRequest::Read {
                 file,
                 offset,
                 len,
                 device,
                 owned,
-                lease,
-            } => (file, offset, len, device, owned, lease),
+            } => (file, offset, len, device, owned),
             OpRequest::Write {
                 file,
                 offset,
@@ -256,9 +252,9 @@ impl Reactor {
                 pending: p,
             } => {
                 pending = Some(p);
-                (file, offset, len, device, None, None)
+                (file, offset, len, device, None)
             }
-            OpRequest::Sync { file } => (file, 0, 0, None, None, None),
+            OpRequest::Sync { file } => (file, 0, 0, None, None),
             OpRequest::Await { .. } => unreachable!("handled above"),
         };
         // An op refused before any I/O hands its owned buffer back untouched.
@@ -343,12 +339,6 @@ impl Reactor {
             return;
         }
         let empty = plan.len() == 0;
-        // A lease the reactor does not serve (cuFile moves the pieces, an owned read) is
-        // released now; the future then copies.
-        #[cfg(feature = "cuda")]
-        let leased = lease.and_then(|l| self.take_lease(l, !gds && owned.is_none() && !empty));
-        #[cfg(not(feature = "cuda"))]
-        let _ = lease;
         let key = self.ops.insert(OpEntry {
             shared: shared.clone(),
             _pending: pending,
@@ -374,8 +364,6 @@ impl Reactor {
             owned,
             awaited: None,
             residency,
-            #[cfg(feature = "cuda")]
-            leased,
         });
         self.name_op(&shared, key);
         if empty {
@@ -426,8 +414,6 @@ impl Reactor {
             owned: None,
             awaited: None,
             residency: false,
-            #[cfg(feature = "cuda")]
-            leased: None,
         });
         self.name_op(&shared, key);
         // Queued on the stream already, so taken even while shutting down: shutdown waits for
@@ -568,8 +554,6 @@ impl Reactor {
     /// Takes `slot` off op `key`'s books without putting it back in the pool (a copy that may
     /// still read it cannot be seen to end).
     pub(super) fn uncount_op_slot(&mut self, key: usize, slot: BounceSlot) {
-        #[cfg(feature = "cuda")]
-        self.lease_slot(key, slot.size(), false);
         let op = &mut self.ops[key];
         op.held_bytes -= slot.size();
         if op.window_blocked && op.held_bytes < self.op_window {
@@ -588,20 +572,7 @@ impl Reactor {
         if !op.all_started() || op.busy > 0 {
             return;
         }
-        #[cfg(feature = "cuda")]
-        if self.lease_busy(key) {
-            return;
-        }
         let mut op = self.ops.remove(key);
-        // Every copy is queued: the lease goes, and with it the destination stream's wait.
-        #[cfg(feature = "cuda")]
-        if let Some(l) = op.leased.take() {
-            if let Err(why) = self.end_lease(l) {
-                if op.error.is_none() && !op.cancelled {
-                    op.error = Some(Error::cuda_msg(op.ctx(op.offset), why));
-                }
-            }
-        }
         if op.window_blocked {
             self.window_blocked_ops -= 1;
         }

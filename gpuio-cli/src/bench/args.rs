@@ -207,15 +207,6 @@ pub struct BenchArgs {
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
     pub(crate) no_residency: bool,
-    /// Turns device leases on: the smallest read into GPU memory whose copies the reactor
-    /// issues under a lease (64K is a good value; `EngineBuilder::device_leases`, off by
-    /// default).
-    #[arg(long, value_parser = validate::positive_size)]
-    pub(crate) lease_min: Option<ByteSize>,
-    /// Every read's future issues its own device copies (no device leases: the default; wins
-    /// over `--lease-min`).
-    #[arg(long)]
-    pub(crate) no_leases: bool,
     /// Seconds to run each point (at most a year).
     #[arg(long, default_value_t = 5.0, value_parser = validate::seconds)]
     pub(crate) seconds: f64,

@@ -53,7 +53,6 @@ class Engine:
         reactor_spin: Optional[float] = None,
         reactor_tick: Optional[float] = None,
         residency_aware: bool = True,
-        device_lease_min: Optional[int] = -1,
     ) -> None: ...
     def open(
         self,
