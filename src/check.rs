@@ -81,7 +81,7 @@ pub fn report(path: &Path) -> Result<Report> {
     r.push("gpuio")
         .push(format!("gpuio {}", env!("CARGO_PKG_VERSION")));
 
-    let u = crate::lane::uring::probe();
+    let u = crate::uring::probe();
     let lines = r.push("io_uring");
     lines.push(match u.flags {
         Some(f) => format!("io_uring: available, setup flags {f}"),

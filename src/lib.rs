@@ -66,6 +66,7 @@ pub mod reactor;
 pub mod safetensors;
 pub mod spdk;
 mod target;
+pub mod uring;
 
 pub use buf::aligned::AlignedBuf;
 pub use buf::quarantine::quarantined;

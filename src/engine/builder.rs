@@ -12,11 +12,11 @@ use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
 use crate::lane::pread::PreadLane;
-use crate::lane::uring::{UringLane, UringOptions};
 use crate::op::msg::{Msg, ReactorHandle};
 use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
+use crate::uring::{UringLane, UringOptions};
 
 /// Most pread worker threads an engine starts ([`EngineBuilder::pread_threads`]). Each serves
 /// one I/O at a time and costs a stack; thousands only contend, and the cap turns a mistyped

@@ -30,6 +30,7 @@
 
 pub(crate) mod driver;
 pub(crate) mod handle;
+pub(crate) mod lane;
 pub(crate) mod pool;
 pub(crate) mod sys;
 

@@ -1,15 +1,12 @@
-//! Lanes: the backends the reactor hands chunk I/O to. The main lane is the kernel interface,
-//! io_uring (`uring`, preferred) or a pread/pwrite thread pool (`pread`, fallback); beside it
-//! run cuFile batch I/O into device staging slots (`cufile`) and SPDK NVMe queue pairs
-//! (`spdk`). A lane sees pieces of I/O (a token, a target, a range, memory) and reports
-//! completions by token; it never sees the op table.
+//! Lanes: what the reactor hands chunk I/O to, through `trait Lane`. The main lane is the
+//! kernel interface, io_uring (`crate::uring`, preferred) or the portable pread/pwrite thread
+//! pool here (`pread`, fallback); beside it run cuFile batch I/O into device staging slots
+//! (`crate::gds::lane`) and SPDK NVMe queue pairs (`crate::spdk::lane`). Each backend's lane
+//! lives in the backend's own folder with its FFI tiers. A lane sees pieces of I/O (a token, a
+//! target, a range, memory) and reports completions by token; it never sees the op table.
 
-#[cfg(feature = "cuda")]
-pub(crate) mod cufile;
 pub(crate) mod doorbell;
 pub(crate) mod pread;
-pub(crate) mod spdk;
-pub mod uring;
 
 use std::io;
 use std::os::fd::RawFd;

@@ -22,8 +22,8 @@ impl Reactor {
         let res = c.res;
         #[cfg(feature = "cuda")]
         if io.slot.is_some_and(|s| s.on_device)
-            && (res == crate::lane::cufile::RES_LOST
-                || crate::lane::cufile::cufile_code_of(res).is_some())
+            && (res == crate::gds::lane::RES_LOST
+                || crate::gds::lane::cufile_code_of(res).is_some())
         {
             self.on_cufile_failure(token, res);
             return;
@@ -91,7 +91,7 @@ impl Reactor {
     #[cfg(feature = "cuda")]
     fn on_cufile_failure(&mut self, token: usize, res: i32) {
         use crate::gds::driver::CufileCode;
-        use crate::lane::cufile::{RES_LOST, cufile_code_of};
+        use crate::gds::lane::{RES_LOST, cufile_code_of};
         let io = self.retire_io(token);
         let key = io.op;
         let slot = io.slot.expect("cuFile entries carry a device slot");

@@ -195,12 +195,12 @@ pub(crate) struct Reactor {
     engine: Arc<ReactorHandle>,
     /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
     #[cfg(feature = "cuda")]
-    cufile: Option<crate::lane::cufile::CufileLane>,
+    cufile: Option<crate::gds::lane::CufileLane>,
     /// Why the cuFile lane could not be set up (asked once per engine).
     #[cfg(feature = "cuda")]
     cufile_unavailable: Option<String>,
     /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
-    spdk: Option<crate::lane::spdk::SpdkLane>,
+    spdk: Option<crate::spdk::lane::SpdkLane>,
     /// Fault injection: panic at the next completion.
     panic_armed: bool,
     /// The serial number the next op taken gets (`crate::op::OpRef`).

@@ -373,7 +373,7 @@ impl Reactor {
                 .expect("device slots exist only with a cuFile lane"),
             _ if file.nvme.is_some() => self
                 .spdk
-                .get_or_insert_with(crate::lane::spdk::SpdkLane::new),
+                .get_or_insert_with(crate::spdk::lane::SpdkLane::new),
             _ => self
                 .main
                 .as_deref_mut()

@@ -462,14 +462,14 @@ impl Reactor {
     fn gds_lane(
         &mut self,
         ctx: &Arc<cudarc::driver::CudaContext>,
-    ) -> std::result::Result<&mut crate::lane::cufile::CufileLane, String> {
+    ) -> std::result::Result<&mut crate::gds::lane::CufileLane, String> {
         if self.cufile.is_none() {
             if let Some(why) = &self.cufile_unavailable {
                 return Err(why.clone());
             }
             let (block, blocks) = (self.arena.block_size(), self.arena.blocks());
             let bytes = block * blocks;
-            match crate::lane::cufile::CufileLane::new(ctx, bytes) {
+            match crate::gds::lane::CufileLane::new(ctx, bytes) {
                 Ok(l) => {
                     tracing::info!(bytes, device = ctx.ordinal(), "gpuio cuFile lane ready");
                     self.slots.add_device(block, blocks);

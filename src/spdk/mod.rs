@@ -20,6 +20,7 @@
 
 pub(crate) mod ctrlr;
 pub(crate) mod env;
+pub(crate) mod lane;
 pub(crate) mod sys;
 
 pub use ctrlr::TransportId;

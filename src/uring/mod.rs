@@ -5,7 +5,7 @@ use std::io;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 
-use super::{Completion, IoKind, IoRequest, Lane, LaneIo};
+use crate::lane::{Completion, IoKind, IoRequest, Lane, LaneIo};
 
 /// Which setup flags the ring got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

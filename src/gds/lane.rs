@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use cudarc::driver::CudaContext;
 
-use super::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
 use crate::gds::driver::{Cufile, check, cufile};
 use crate::gds::pool::StagingPool;
 use crate::gds::sys::{
     BATCH_MODE, OP_READ, OP_WRITE, RawBatch, RawHandle, RawIoEvent, RawIoParams, STATUS_CANCELED,
     STATUS_COMPLETE, STATUS_FAILED, STATUS_INVALID, STATUS_TIMEOUT,
 };
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
 
 /// Batch handles one engine may use at once (each carries one submission of up to 128 entries).
 const BATCH_HANDLES: usize = 16;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use super::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
 use crate::spdk::ctrlr::{Namespace, Qpair};
 use crate::spdk::env::DmaRegion;
 use crate::spdk::sys::RawCpl;
