@@ -56,6 +56,13 @@
 mod sys;
 
 pub use sys::CudaProbe;
+
+/// The CUDA context of a transfer's device memory, as lanes and ops pass it around.
+#[cfg(feature = "cuda")]
+pub(crate) type DeviceCtx = std::sync::Arc<cudarc::driver::CudaContext>;
+/// Without CUDA no transfer has device memory.
+#[cfg(not(feature = "cuda"))]
+pub(crate) type DeviceCtx = std::convert::Infallible;
 pub mod topology;
 
 #[cfg(feature = "cuda")]

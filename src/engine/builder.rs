@@ -461,7 +461,7 @@ impl EngineBuilder {
                 };
                 tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
                 let _ = setup_tx.send(Ok(info));
-                Reactor::new(rx, main, reactor_shared, cfg).run_to_end();
+                Reactor::new(rx, main, side_lanes(), reactor_shared, cfg).run_to_end();
             })
             .map_err(|e| Error::io(ctx(), e))?;
         let info = match setup_rx.recv() {
@@ -496,6 +496,17 @@ impl EngineBuilder {
             }),
         })
     }
+}
+
+/// The lanes beside the main one, from the backends this build has: each takes the ops it
+/// serves when the reactor asks (`Lane::route`); an unused one costs nothing (cuFile sets its
+/// staging pool up on its first op, SPDK its queue pairs on a namespace's first op).
+fn side_lanes() -> Vec<Box<dyn crate::lane::Lane>> {
+    vec![
+        #[cfg(feature = "cuda")]
+        Box::new(crate::gds::lane::CufileLane::default()),
+        Box::new(crate::spdk::lane::SpdkLane::new()),
+    ]
 }
 
 /// The main lane for `backend`: io_uring, or the pread pool (with the reason, where io_uring

@@ -12,6 +12,8 @@ use std::io;
 use std::os::fd::RawFd;
 use std::time::Duration;
 
+use crate::cuda::DeviceCtx;
+use crate::error::{Context, Error};
 use crate::plan::Via;
 use crate::target::Target;
 
@@ -112,6 +114,57 @@ pub(crate) enum WaitHint {
     Spin,
 }
 
+/// What the reactor asks a lane beside the main one about an op it is taking
+/// ([`Lane::route`]).
+pub(crate) struct RouteAsk<'a> {
+    pub(crate) target: &'a Target,
+    /// The device context of the op's caller memory, where that is device memory.
+    pub(crate) device: Option<&'a DeviceCtx>,
+    /// The engine's piece size for O_DIRECT-like transfers.
+    pub(crate) direct_chunk: usize,
+    /// The host bounce pool's shape (block size, blocks): a device staging pool is shaped
+    /// like it.
+    pub(crate) pool_shape: (usize, usize),
+}
+
+/// How a lane that takes an op moves it.
+pub(crate) struct Route {
+    /// The op's pieces are aligned to at least this.
+    pub(crate) align: u64,
+    /// Largest piece.
+    pub(crate) chunk: usize,
+    /// The backend named in the op's errors and statistics.
+    pub(crate) backend: &'static str,
+    /// The lane moves the op's main pieces through device staging memory (cuFile): their
+    /// slots come from the device pool, shaped like the host pool, and `keep` holds that memory
+    /// (at device address `base`) for as long as the op's future may copy out of it.
+    pub(crate) staging: Option<(u64, std::sync::Arc<dyn std::any::Any + Send + Sync>)>,
+}
+
+/// A lane's answer to [`Lane::route`].
+pub(crate) enum Routed {
+    /// Not this lane's op.
+    No,
+    /// This lane serves it.
+    Take(Route),
+    /// This lane must serve it and cannot: the op fails with `Unsupported` naming `backend`.
+    Refuse { backend: &'static str, why: String },
+}
+
+/// What a completion means, as the lane that ran the piece reads it ([`Lane::classify`]).
+pub(crate) enum Outcome {
+    /// An ordinary result: bytes moved, or `-errno`.
+    Res(i32),
+    /// The lane failed the piece in its own terms. `fallback`: the piece may be read again
+    /// by the main lane (and the file goes there from now on). `lost`: the lane cannot say
+    /// whether its transfer still runs, so the piece's memory is never reused.
+    Failed {
+        why: String,
+        fallback: bool,
+        lost: bool,
+    },
+}
+
 /// A backend the reactor hands pieces of I/O to. One lane per kind of target memory or
 /// device; the reactor picks the lane for each piece and learns the outcome only through
 /// [`Completion`]s carrying the piece's token. Lanes never see ops, slots or the table.
@@ -160,5 +213,21 @@ pub(crate) trait Lane: Send {
     /// can be dropped without the kernel ever writing freed memory. Called with no piece out.
     fn retire(&mut self, _wake: &dyn Fn()) -> io::Result<()> {
         Ok(())
+    }
+    /// For a lane beside the main one: whether it serves the op `ask` describes (asked once,
+    /// when the reactor takes the op; the main lane serves what no side lane takes).
+    fn route(&mut self, _ask: &RouteAsk<'_>) -> Routed {
+        Routed::No
+    }
+    /// What completion result `res` of a piece on `target` means.
+    fn classify(&self, res: i32, _target: &Target) -> Outcome {
+        Outcome::Res(res)
+    }
+    /// After [`Outcome::Failed`] with `fallback`: the lane gives `target` up (AUTO serves it
+    /// through the main lane from now on, and says why).
+    fn fall_back(&self, _target: &Target, _why: String) {}
+    /// The error an op fails with after [`Outcome::Failed`] without a fallback.
+    fn failure(&self, ctx: Context, why: String) -> Error {
+        Error::io(ctx, io::Error::other(why))
     }
 }

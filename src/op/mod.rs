@@ -102,8 +102,7 @@ pub(crate) struct OpShared {
     pub(crate) serial: AtomicU64,
     state: Mutex<OpState>,
     /// The device staging pool, for ops whose pieces cuFile moves (set by the reactor before
-    /// it hands over any device slot).
-    #[cfg(feature = "cuda")]
+    /// it hands over any device slot; never set without CUDA).
     pub(crate) staging: std::sync::OnceLock<Staging>,
 }
 
@@ -113,7 +112,6 @@ impl OpShared {
             key: AtomicUsize::new(usize::MAX),
             serial: AtomicU64::new(u64::MAX),
             state: Mutex::new(OpState::default()),
-            #[cfg(feature = "cuda")]
             staging: std::sync::OnceLock::new(),
         })
     }

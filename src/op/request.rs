@@ -7,18 +7,10 @@ use super::gate::Gated;
 use crate::error::OpKind;
 use crate::target::Target;
 
-/// The device a transfer's caller memory lives on (`None`: host memory).
-#[cfg(feature = "cuda")]
-pub(crate) type DeviceHint = Option<Arc<cudarc::driver::CudaContext>>;
-/// Without CUDA every transfer is a host transfer.
-#[cfg(not(feature = "cuda"))]
-pub(crate) type DeviceHint = Option<std::convert::Infallible>;
+pub(crate) use crate::cuda::DeviceCtx;
 
-/// The context type of a [`DeviceHint`].
-#[cfg(feature = "cuda")]
-pub(crate) type DeviceCtx = Arc<cudarc::driver::CudaContext>;
-#[cfg(not(feature = "cuda"))]
-pub(crate) type DeviceCtx = std::convert::Infallible;
+/// The device a transfer's caller memory lives on (`None`: host memory).
+pub(crate) type DeviceHint = Option<DeviceCtx>;
 
 /// Caller memory the reactor owns for the length of a read (`File::read_owned`): the kernel
 /// reads straight into it, no bounce slot and no copy. The reactor holds `keep` (the owned

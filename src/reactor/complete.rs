@@ -1,11 +1,12 @@
 //! Completions: what a finished piece means for its op. Interrupted or short transfers are
 //! pushed again for the rest; a short read not a multiple of the alignment (or zero bytes) is
-//! the end of the file; a failure keeps the error at the lowest failing offset; a cuFile entry
-//! cuFile could not serve falls back to the bounce path (or fails, where cuFile is forced).
+//! the end of the file; a failure keeps the error at the lowest failing offset; a piece a side
+//! lane failed in its own terms (`Lane::classify`: a cuFile status, a lost entry) falls back
+//! to the main lane where the lane allows it, or fails the op.
 
 use super::Reactor;
 use crate::error::Error;
-use crate::lane::{Completion, IoKind};
+use crate::lane::{Completion, IoKind, Outcome};
 use crate::op::ReadyPiece;
 
 impl Reactor {
@@ -19,15 +20,22 @@ impl Reactor {
             return;
         };
         let key = io.op;
-        let res = c.res;
-        #[cfg(feature = "cuda")]
-        if io.slot.is_some_and(|s| s.on_device)
-            && (res == crate::gds::lane::RES_LOST
-                || crate::gds::lane::cufile_code_of(res).is_some())
-        {
-            self.on_cufile_failure(token, res);
-            return;
+        let mut res = c.res;
+        if let Some(lane) = io.lane {
+            // A side lane reads its own results (cuFile's status codes, a lost entry).
+            match self.side[lane].classify(res, &self.ops[key].file) {
+                Outcome::Res(r) => res = r,
+                Outcome::Failed {
+                    why,
+                    fallback,
+                    lost,
+                } => {
+                    self.on_lane_failure(token, lane, why, fallback, lost);
+                    return;
+                }
+            }
         }
+        let io = &mut self.ios[token];
         if res == -libc::EINTR || res == -libc::EAGAIN {
             self.push_io(token);
             return;
@@ -86,43 +94,32 @@ impl Reactor {
         self.maybe_finish(key);
     }
 
-    /// A cuFile batch entry failed with a cuFile status (or was lost): fall back to the bounce
-    /// path for the file where the status says cuFile cannot serve it (unless forced), else fail.
-    #[cfg(feature = "cuda")]
-    fn on_cufile_failure(&mut self, token: usize, res: i32) {
-        use crate::gds::driver::CufileCode;
-        use crate::gds::lane::{RES_LOST, cufile_code_of};
+    /// A side lane failed a piece in its own terms (`Outcome::Failed`). With `fallback`, the
+    /// piece runs again on the main lane (a new slot) and the op stays there, as the file does
+    /// from now on (`Lane::fall_back`); without, the op fails with the lane's error. A `lost`
+    /// piece's memory may still be written: it is never reused (the pools are quarantined).
+    fn on_lane_failure(
+        &mut self,
+        token: usize,
+        lane: usize,
+        why: String,
+        fallback: bool,
+        lost: bool,
+    ) {
         let io = self.retire_io(token);
         let key = io.op;
-        let slot = io.slot.expect("cuFile entries carry a device slot");
         let pos = io.piece.pos + io.done as u64;
         let op = &mut self.ops[key];
         op.busy -= 1;
-        let lost = res == RES_LOST;
-        let (why, fallback) = if lost {
-            // cuFile cannot say whether the DMA still runs: never reuse that memory.
+        if lost {
             self.compromised = true;
-            op.held_bytes -= slot.size();
-            (
-                "cuFile lost track of a batch I/O (status query failed or stalled)".to_string(),
-                true,
-            )
-        } else {
-            let code = CufileCode {
-                err: cufile_code_of(res).unwrap_or(5030),
-                cu_err: 0,
-            };
-            (
-                format!("cuFile batch I/O failed: {code}"),
-                code.calls_for_fallback(),
-            )
-        };
-        let fg = op.file.gds().expect("cuFile ops have a registered file");
-        if !fg.forced() && fallback && !op.stopped() {
-            // AUTO: the piece is read again through the bounce path (a new slot), and the file
-            // stays there from now on.
-            fg.fall_back(&op.file.path, why);
-            op.gds = false;
+            if let Some(slot) = io.slot {
+                op.held_bytes -= slot.size();
+            }
+        }
+        if fallback && !op.stopped() {
+            self.side[lane].fall_back(&op.file, why);
+            op.side = None;
             op.backend = self.backend;
             op.retry.push(io.piece);
             if !op.in_runnable && !op.window_blocked {
@@ -130,10 +127,10 @@ impl Reactor {
                 self.runnable.push_back(key);
             }
         } else if op.error.is_none() {
-            op.error = Some(Error::cuda_msg(op.ctx(pos), why));
+            op.error = Some(self.side[lane].failure(op.ctx(pos), why));
             op.error_at = Some(pos);
         }
-        if !lost {
+        if let (false, Some(slot)) = (lost, io.slot) {
             self.free_op_slot(key, slot);
         }
         self.maybe_finish(key);

@@ -87,7 +87,7 @@ impl Reactor {
                 (
                     std::mem::take(&mut self.ops),
                     self.main.take(),
-                    self.spdk.take(),
+                    std::mem::take(&mut self.side),
                     self.arena.clone(),
                 ),
             );
@@ -122,10 +122,8 @@ impl Reactor {
         if !self.compromised {
             return;
         }
-        #[cfg(feature = "cuda")]
-        let staging = self.cufile.take();
-        #[cfg(not(feature = "cuda"))]
-        let staging: Option<()> = None;
+        // The side lanes own what their transfers may touch (cuFile's device staging pool).
+        let staging = std::mem::take(&mut self.side);
         quarantine::hold(
             "bounce pool and device staging pool: a copy or DMA the reactor lost track of may \
              still touch them",

@@ -113,6 +113,8 @@ struct InflightIo {
     /// A read the page cache serves on an io-wq worker, counted against
     /// `ReactorConfig::page_cache_copies`.
     copy: bool,
+    /// The side lane the piece was last pushed to (`Reactor::side`), `None`: the main lane.
+    lane: Option<usize>,
 }
 
 /// Engine-level settings the reactor needs.
@@ -193,14 +195,9 @@ pub(crate) struct Reactor {
     last_work: Instant,
     shutdown_started: Option<Instant>,
     engine: Arc<ReactorHandle>,
-    /// cuFile batch I/O and its device staging pool, set up on the first cuFile transfer.
-    #[cfg(feature = "cuda")]
-    cufile: Option<crate::gds::lane::CufileLane>,
-    /// Why the cuFile lane could not be set up (asked once per engine).
-    #[cfg(feature = "cuda")]
-    cufile_unavailable: Option<String>,
-    /// SPDK queue pairs of the NVMe namespaces this engine has served, made on first use.
-    spdk: Option<crate::spdk::lane::SpdkLane>,
+    /// The lanes beside the main one, built by the engine from the backends present (cuFile,
+    /// SPDK): each is asked once per op whether it serves it (`Lane::route`).
+    side: Vec<Box<dyn Lane>>,
     /// Fault injection: panic at the next completion.
     panic_armed: bool,
     /// The serial number the next op taken gets (`crate::op::OpRef`).
@@ -222,6 +219,7 @@ impl Reactor {
     pub(crate) fn new(
         rx: Receiver<Msg>,
         main: Box<dyn Lane>,
+        side: Vec<Box<dyn Lane>>,
         engine: Arc<ReactorHandle>,
         mut cfg: ReactorConfig,
     ) -> Self {
@@ -262,35 +260,21 @@ impl Reactor {
             last_work: Instant::now(),
             shutdown_started: None,
             engine,
-            #[cfg(feature = "cuda")]
-            cufile: None,
-            #[cfg(feature = "cuda")]
-            cufile_unavailable: None,
-            spdk: None,
+            side,
             panic_armed: false,
             next_serial: 0,
             occupancy: OccupancySampler::new(),
         }
     }
 
-    /// The lanes beside the main one that exist (cuFile, SPDK).
+    /// The lanes beside the main one.
     fn side_lanes(&mut self) -> impl Iterator<Item = &mut dyn Lane> {
-        #[cfg(feature = "cuda")]
-        let cufile = self.cufile.as_mut().map(|l| l as &mut dyn Lane);
-        #[cfg(not(feature = "cuda"))]
-        let cufile: Option<&mut dyn Lane> = None;
-        let spdk = self.spdk.as_mut().map(|l| l as &mut dyn Lane);
-        cufile.into_iter().chain(spdk)
+        self.side.iter_mut().map(|l| &mut **l as &mut dyn Lane)
     }
 
     /// Pieces out in the lanes beside the main one (their memory comes back only through them).
     fn side_outstanding(&self) -> usize {
-        let spdk = self.spdk.as_ref().map_or(0, |l| l.outstanding());
-        #[cfg(feature = "cuda")]
-        if let Some(l) = &self.cufile {
-            return l.outstanding() + spdk;
-        }
-        spdk
+        self.side.iter().map(|l| l.outstanding()).sum()
     }
 
     /// Runs the loop until shut down and drained.

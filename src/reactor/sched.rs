@@ -140,7 +140,7 @@ impl Reactor {
             if !room {
                 break;
             }
-            let on_device = op.gds && piece.via == Via::Main;
+            let on_device = op.staged() && piece.via == Via::Main;
             if self.copies_in_flight >= self.cfg.page_cache_copies
                 && page_cache_copy(self.cfg.punt_min, &op.file, &piece, op.kind, on_device)
             {
@@ -265,6 +265,7 @@ impl Reactor {
             done: 0,
             ticket,
             copy,
+            lane: None,
         });
         if blocked {
             self.fenced.push_back(token);
@@ -318,15 +319,14 @@ impl Reactor {
         self.maybe_finish(io.op);
     }
 
-    /// (Re)submits the unfinished remainder of in-flight I/O `token` to its lane: device
-    /// staging slots go to cuFile, NVMe namespaces to SPDK, everything else to the main lane.
+    /// (Re)submits the unfinished remainder of in-flight I/O `token` to its lane: the side lane
+    /// that took its op (`Lane::route`), or the main lane.
     pub(super) fn push_io(&mut self, token: usize) {
         let io = &self.ios[token];
         let op = &self.ops[io.op];
         let file = &op.file;
         let (pos, len) = (io.piece.pos + io.done as u64, io.piece.len - io.done);
         let mem = match (&io.slot, &op.owned) {
-            #[cfg(feature = "cuda")]
             (Some(s), _) if s.on_device => LaneMem::Device {
                 offset: s.offset + io.done,
             },
@@ -365,16 +365,16 @@ impl Reactor {
             mem,
             punt,
         };
-        let lane: &mut dyn Lane = match lane_io.mem {
-            #[cfg(feature = "cuda")]
-            LaneMem::Device { .. } => self
-                .cufile
-                .as_mut()
-                .expect("device slots exist only with a cuFile lane"),
-            _ if file.nvme.is_some() => self
-                .spdk
-                .get_or_insert_with(crate::spdk::lane::SpdkLane::new),
-            _ => self
+        // The op's side lane takes its pieces, except a staging lane's pieces that are not in
+        // its staging memory (an O_DIRECT write's unaligned edges): those go to the main lane.
+        let side = op
+            .side
+            .filter(|r| !r.staged || matches!(lane_io.mem, LaneMem::Device { .. }))
+            .map(|r| r.lane);
+        self.ios[token].lane = side;
+        let lane: &mut dyn Lane = match side {
+            Some(i) => &mut *self.side[i],
+            None => self
                 .main
                 .as_deref_mut()
                 .expect("main lane present while running"),

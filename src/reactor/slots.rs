@@ -26,10 +26,11 @@ impl Slots {
         }
     }
 
-    /// Adds the device staging pool's slots (shaped like the host pool).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(super) fn add_device(&mut self, block: usize, blocks: usize) {
-        self.device = Some(SlotAllocator::for_device(block, blocks));
+    /// Adds the device staging pool's slots (shaped like the host pool), once.
+    pub(super) fn ensure_device(&mut self, block: usize, blocks: usize) {
+        if self.device.is_none() {
+            self.device = Some(SlotAllocator::for_device(block, blocks));
+        }
     }
 
     fn pool(&self, on_device: bool) -> Option<&SlotAllocator> {
@@ -166,7 +167,10 @@ impl Reactor {
             let op = &mut self.ops[key];
             // Only ops that take memory from the stalled pool: host ops behind a cuFile op
             // starved of device staging (which never grows) keep waiting for the host pool.
-            if op.kind == OpKind::Sync || op.owned.is_some() || op.stopped() || op.gds != on_device
+            if op.kind == OpKind::Sync
+                || op.owned.is_some()
+                || op.stopped()
+                || op.staged() != on_device
             {
                 continue;
             }

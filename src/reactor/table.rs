@@ -10,10 +10,11 @@ use std::time::Instant;
 use super::Reactor;
 use crate::buf::arena::BounceSlot;
 use crate::error::{Context, Error, OpKind};
+use crate::lane::{Route, RouteAsk, Routed};
 use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
-use crate::op::{OpRef, OpShared};
+use crate::op::{OpRef, OpShared, Staging};
 use crate::plan::{Piece, ReadPlan, Via, WritePlan, residency};
 use crate::target::Target;
 
@@ -58,6 +59,14 @@ impl Plan {
     }
 }
 
+/// Which side lane serves an op, and whether its main pieces move through that lane's device
+/// staging memory (their slots then come from the device pool).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SideRoute {
+    pub(super) lane: usize,
+    pub(super) staged: bool,
+}
+
 /// One op in the table.
 pub(super) struct OpEntry {
     pub(super) shared: Arc<OpShared>,
@@ -90,11 +99,11 @@ pub(super) struct OpEntry {
     pub(super) cancelled: bool,
     /// Alignment the plan was made on (a short read not a multiple of it means end of file).
     pub(super) align: u64,
-    /// Direct-path pieces go through cuFile batch I/O into device staging slots.
-    pub(super) gds: bool,
+    /// The side lane that serves this op (`Lane::route`); `None`: the main lane.
+    pub(super) side: Option<SideRoute>,
     /// What serves this op, for error context.
     pub(super) backend: &'static str,
-    /// Pieces to run again on the bounce path after cuFile turned the file down.
+    /// Pieces to run again on the main lane after its side lane gave the file up.
     pub(super) retry: Vec<Piece>,
     /// The caller's owned buffer the pieces are read into (instead of bounce slots).
     pub(super) owned: Option<OwnedTarget>,
@@ -108,6 +117,11 @@ pub(super) struct OpEntry {
 impl OpEntry {
     pub(super) fn stopped(&self) -> bool {
         self.cancelled || self.error.is_some()
+    }
+
+    /// Whether the op's main pieces move through its side lane's device staging memory.
+    pub(super) fn staged(&self) -> bool {
+        self.side.is_some_and(|r| r.staged)
     }
 
     pub(super) fn ctx(&self, offset: u64) -> Context {
@@ -274,40 +288,43 @@ impl Reactor {
         }
         let (mut align, mut write_align) = (file.align, file.write_align);
         let mut backend = self.backend;
-        let gds = match self.choose_gds(&file, device.as_ref(), &shared) {
-            Ok(Some((gds_align, name))) => {
-                align = align.max(gds_align);
-                write_align = write_align.max(gds_align);
-                backend = name;
-                ctx = ctx.with_backend(name);
-                true
+        // Page-cache copies and disk (or DMA) transfers want different piece sizes
+        // (`plan::sizing`); a side lane names its own.
+        let mut chunk = if file.dio.is_some() {
+            self.cfg.direct_chunk
+        } else {
+            self.cfg.buffered_chunk
+        };
+        let side = match self.route(&file, device.as_ref(), &shared) {
+            Ok(Some((lane, route))) => {
+                align = align.max(route.align);
+                write_align = write_align.max(route.align);
+                backend = route.backend;
+                chunk = route.chunk;
+                ctx = ctx.with_backend(route.backend);
+                Some(SideRoute {
+                    lane,
+                    staged: route.staging.is_some(),
+                })
             }
-            Ok(None) => false,
-            Err(reason) => {
-                let e = Error::unsupported(ctx.with_backend("cufile"), reason);
-                refuse(&shared, owned, e);
+            Ok(None) => None,
+            Err((name, reason)) => {
+                refuse(
+                    &shared,
+                    owned,
+                    Error::unsupported(ctx.with_backend(name), reason),
+                );
                 return;
             }
-        };
-        // Page-cache copies and disk (or DMA) transfers want different piece sizes
-        // (`plan::sizing`).
-        let mut chunk = match &file.nvme {
-            Some(ns) => {
-                backend = "spdk";
-                ns.chunk(self.cfg.direct_chunk)
-            }
-            None if gds || file.dio.is_some() => self.cfg.direct_chunk,
-            None => self.cfg.buffered_chunk,
         };
         // A large read of a buffered file the page cache does not wholly hold is planned on
         // the O_DIRECT twin's alignment and chunk; each piece then goes direct or buffered by
         // what the cache holds of it when it starts (`sched`).
         let residency = kind == OpKind::Read
-            && !gds
+            && side.is_none()
             && owned.is_none()
             && self.cfg.residency_min.is_some_and(|m| len >= m)
             && file.dio.is_none()
-            && file.nvme.is_none()
             && file.fd.as_ref().is_some_and(|fd| {
                 residency::estimate(fd.as_fd(), offset, len).is_ok_and(|r| !r.all_cached())
             })
@@ -331,7 +348,7 @@ impl Reactor {
                 return;
             }
         };
-        if owned.is_some() && (gds || file.nvme.is_some() || !plan.covers_exactly(offset, len)) {
+        if owned.is_some() && (side.is_some() || !plan.covers_exactly(offset, len)) {
             // The file layer offers owned reads only where pieces cover exactly the caller's
             // range in host memory; anything else would write outside the buffer.
             let e = Error::invalid(ctx, "owned read offered where it cannot land in place");
@@ -358,7 +375,7 @@ impl Reactor {
             error_at: None,
             cancelled: false,
             align,
-            gds,
+            side,
             backend,
             retry: Vec::new(),
             owned,
@@ -408,7 +425,7 @@ impl Reactor {
             error_at: None,
             cancelled: false,
             align: 1,
-            gds: false,
+            side: None,
             backend,
             retry: Vec::new(),
             owned: None,
@@ -421,76 +438,41 @@ impl Reactor {
         self.gated.push(gated);
     }
 
-    /// Whether an op with caller memory on `device` goes through cuFile: `Ok(Some((alignment,
-    /// backend name)))` if so, `Ok(None)` for the bounce path, `Err` where cuFile is forced
-    /// (`Backend::Gds`) but cannot serve.
-    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn choose_gds(
+    /// The side lane that serves an op on `file` with caller memory on `device`, asked in
+    /// turn (`Lane::route`): `Ok(Some((lane, route)))`, `Ok(None)` for the main lane, or
+    /// `Err((backend, why))` where a lane must serve and cannot. A lane that moves pieces
+    /// through device staging memory gets the device slot pool, and the op's future learns
+    /// where that memory is (`OpShared::staging`).
+    fn route(
         &mut self,
         file: &Arc<Target>,
         device: Option<&DeviceCtx>,
         shared: &Arc<OpShared>,
-    ) -> std::result::Result<Option<(u64, &'static str)>, String> {
-        #[cfg(feature = "cuda")]
-        {
-            let (Some(ctx), Some(fg)) = (device, file.gds()) else {
-                return Ok(None);
-            };
-            if !fg.serves() {
-                return Ok(None);
-            }
-            match self.gds_lane(ctx) {
-                Ok(lane) => {
-                    let pool = lane.pool.clone();
-                    let _ = shared.staging.set(crate::op::Staging {
-                        base: pool.base(),
-                        keep: pool,
-                    });
-                    Ok(Some((fg.align, fg.status().backend_name())))
+    ) -> std::result::Result<Option<(usize, Route)>, (&'static str, String)> {
+        let ask = RouteAsk {
+            target: file,
+            device,
+            direct_chunk: self.cfg.direct_chunk,
+            pool_shape: (self.arena.block_size(), self.arena.blocks()),
+        };
+        for (i, lane) in self.side.iter_mut().enumerate() {
+            match lane.route(&ask) {
+                Routed::No => continue,
+                Routed::Refuse { backend, why } => return Err((backend, why)),
+                Routed::Take(route) => {
+                    if let Some((base, keep)) = &route.staging {
+                        let (block, blocks) = ask.pool_shape;
+                        self.slots.ensure_device(block, blocks);
+                        let _ = shared.staging.set(Staging {
+                            base: *base,
+                            keep: keep.clone(),
+                        });
+                    }
+                    return Ok(Some((i, route)));
                 }
-                Err(reason) if fg.forced() => Err(reason),
-                Err(_) => Ok(None),
             }
         }
-        #[cfg(not(feature = "cuda"))]
         Ok(None)
-    }
-
-    /// The cuFile lane for memory on `ctx`'s device, set up on first use with a staging pool
-    /// shaped like the host bounce pool.
-    #[cfg(feature = "cuda")]
-    fn gds_lane(
-        &mut self,
-        ctx: &Arc<cudarc::driver::CudaContext>,
-    ) -> std::result::Result<&mut crate::gds::lane::CufileLane, String> {
-        if self.cufile.is_none() {
-            if let Some(why) = &self.cufile_unavailable {
-                return Err(why.clone());
-            }
-            let (block, blocks) = (self.arena.block_size(), self.arena.blocks());
-            let bytes = block * blocks;
-            match crate::gds::lane::CufileLane::new(ctx, bytes) {
-                Ok(l) => {
-                    tracing::info!(bytes, device = ctx.ordinal(), "gpuio cuFile lane ready");
-                    self.slots.add_device(block, blocks);
-                    self.cufile = Some(l);
-                }
-                Err(why) => {
-                    tracing::warn!(%why, "gpuio cannot set up cuFile batch I/O; device transfers use the bounce path");
-                    self.cufile_unavailable = Some(why.clone());
-                    return Err(why);
-                }
-            }
-        }
-        let lane = self.cufile.as_mut().expect("set above");
-        if lane.pool.context().ordinal() != ctx.ordinal() {
-            return Err(format!(
-                "this engine's cuFile staging pool is on GPU {}; memory on GPU {} uses the bounce path",
-                lane.pool.context().ordinal(),
-                ctx.ordinal()
-            ));
-        }
-        Ok(lane)
     }
 
     pub(super) fn begin_shutdown(&mut self) {

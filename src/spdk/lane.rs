@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use slab::Slab;
 
-use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, WaitHint};
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, Route, RouteAsk, Routed, WaitHint};
 use crate::spdk::ctrlr::{Namespace, Qpair};
 use crate::spdk::env::DmaRegion;
 use crate::spdk::sys::RawCpl;
@@ -590,6 +590,19 @@ impl Lane for SpdkLane {
             WaitHint::Spin
         } else {
             WaitHint::Sleep
+        }
+    }
+
+    /// Every op on an NVMe namespace, in pieces its queue pairs take.
+    fn route(&mut self, ask: &RouteAsk<'_>) -> Routed {
+        match &ask.target.nvme {
+            Some(ns) => Routed::Take(Route {
+                align: 1,
+                chunk: ns.chunk(ask.direct_chunk),
+                backend: "spdk",
+                staging: None,
+            }),
+            None => Routed::No,
         }
     }
 }
