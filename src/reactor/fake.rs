@@ -8,8 +8,7 @@ use std::io;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, Outcome, Route, RouteAsk, Routed};
-use crate::target::Target;
+use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem};
 
 /// A piece the reactor pushed.
 #[derive(Debug, Clone, Copy)]
@@ -106,75 +105,8 @@ impl Lane for FakeLane {
     }
 }
 
-/// The file a [`FakeSideLane`] takes (`Target::fake(SIDE_INO)`); any other goes to the main
-/// lane.
-pub(super) const SIDE_INO: u64 = 77;
-/// A completion result the side lane reads as its own failure ([`Outcome::Failed`]).
-pub(super) const SIDE_FAILED: i32 = -100_000;
-
-/// A fake lane beside the main one, standing in for cuFile or SPDK: it takes the ops on
-/// [`SIDE_INO`] (`Lane::route`), records their pieces like [`FakeLane`], reads
-/// [`SIDE_FAILED`] as a failure of its own that asks for a fallback (or not, or that lost
-/// the piece), and counts the fallbacks it was told to make.
-pub(super) struct FakeSideLane {
-    pub(super) state: Arc<Mutex<FakeState>>,
-    pub(super) fallback: bool,
-    pub(super) lost: bool,
-    pub(super) fell_back: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Lane for FakeSideLane {
-    fn name(&self) -> &'static str {
-        "fake-side"
-    }
-
-    fn push(&mut self, io: LaneIo<'_>) -> io::Result<()> {
-        FakeLane(self.state.clone()).push(io)
-    }
-
-    fn wait(
-        &mut self,
-        _block: bool,
-        _timeout: Option<Duration>,
-        out: &mut Vec<Completion>,
-    ) -> io::Result<()> {
-        out.append(&mut self.state.lock().unwrap().ready);
-        Ok(())
-    }
-
-    fn outstanding(&self) -> usize {
-        let st = self.state.lock().unwrap();
-        st.pending.len() + st.ready.len()
-    }
-
-    fn route(&mut self, ask: &RouteAsk<'_>) -> Routed {
-        if ask.target.fence_key.ino != SIDE_INO {
-            return Routed::No;
-        }
-        Routed::Take(Route {
-            align: 1,
-            chunk: ask.direct_chunk,
-            backend: "fake-side",
-            staging: None,
-        })
-    }
-
-    fn classify(&self, res: i32, _target: &Target) -> Outcome {
-        if res != SIDE_FAILED {
-            return Outcome::Res(res);
-        }
-        Outcome::Failed {
-            why: "the fake side lane turned the piece down".into(),
-            fallback: self.fallback,
-            lost: self.lost,
-        }
-    }
-
-    fn fall_back(&self, _target: &Target, _why: String) {
-        self.fell_back
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
+mod side;
+pub(super) use side::{FakeSideLane, SIDE_FAILED, SIDE_INO};
 
 #[cfg(test)]
 mod tests {
