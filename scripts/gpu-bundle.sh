@@ -201,7 +201,7 @@ done
 # to gpuio bench on the same file with the same settings, alternating (CAPI_ROUNDS, default 3).
 if [ "${CAPI:-1}" = 1 ]; then
   for t in capi/bin/sync capi/bin/async capi/bin/batch capi/bin/errors capi/bin/pending \
-           capi/bin/threads capi/bin/device; do
+           capi/bin/threads capi/bin/device capi/bin/fork; do
     name=$(basename "$t")
     dir=$(mktemp -d "$GPUIO_TEST_DIR/capi-XXXXXX")
     start=$(date +%s)
