@@ -5,6 +5,7 @@
 //! to the main lane where the lane allows it, or fails the op.
 
 use super::Reactor;
+use super::table::Queue;
 use crate::error::Error;
 use crate::lane::{Completion, IoKind, Outcome};
 use crate::op::ReadyPiece;
@@ -122,8 +123,10 @@ impl Reactor {
             op.side = None;
             op.backend = self.backend;
             op.retry.push(io.piece);
-            if !op.in_runnable && !op.window_blocked {
-                op.in_runnable = true;
+            // An idle op goes back in the run queue for the retry; a blocked or parked one
+            // is put back when its slots or a page-cache copy come free.
+            if op.queue == Queue::Idle {
+                op.queue = Queue::Runnable;
                 self.runnable.push_back(key);
             }
         } else if op.error.is_none() {

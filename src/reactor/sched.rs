@@ -1,6 +1,7 @@
 //! Scheduling: which pieces start, within the queue depth, the slot pools and each op's window
 //! (round-robin between ops), the range fence, and which lane each piece goes to.
 
+use super::table::Queue;
 use super::{InflightIo, Reactor};
 use crate::buf::arena::BounceSlot;
 use crate::error::{Error, OpKind};
@@ -64,7 +65,11 @@ impl Reactor {
     /// Whether a copy is free and an op waits for one (stale keys at the front are dropped).
     fn may_wake_parked(&mut self) -> bool {
         while let Some(&key) = self.copy_parked.front() {
-            if self.ops.get(key).is_some_and(|op| op.copy_parked) {
+            if self
+                .ops
+                .get(key)
+                .is_some_and(|op| op.queue == Queue::CopyParked)
+            {
                 return self.copies_in_flight < self.cfg.page_cache_copies;
             }
             self.copy_parked.pop_front();
@@ -82,12 +87,8 @@ impl Reactor {
             let Some(key) = self.copy_parked.pop_front() else {
                 break;
             };
-            let op = &mut self.ops[key];
-            op.copy_parked = false;
-            if !op.in_runnable {
-                op.in_runnable = true;
-                self.runnable.push_back(key);
-            }
+            self.ops[key].queue = Queue::Runnable;
+            self.runnable.push_back(key);
             free -= 1;
         }
     }
@@ -114,7 +115,7 @@ impl Reactor {
             let op = &mut self.ops[key];
             if op.all_started() {
                 self.runnable.pop_front();
-                op.in_runnable = false;
+                op.queue = Queue::Idle;
                 self.maybe_finish(key);
                 continue;
             }
@@ -146,8 +147,7 @@ impl Reactor {
             {
                 // Every page-cache copy is taken: this op waits for one to end, and ops
                 // behind it (small reads, direct ones) go on.
-                op.copy_parked = true;
-                op.in_runnable = false;
+                op.queue = Queue::CopyParked;
                 self.runnable.pop_front();
                 self.copy_parked.push_back(key);
                 continue;
@@ -159,9 +159,8 @@ impl Reactor {
                 if op.held_bytes > 0 && op.held_bytes + piece.len > self.op_window {
                     // This op holds its share of the pool; let others run until it gives
                     // slots back (free_op_slot re-queues it).
-                    op.window_blocked = true;
+                    op.queue = Queue::WindowBlocked;
                     self.window_blocked_ops += 1;
-                    op.in_runnable = false;
                     self.runnable.pop_front();
                     continue;
                 }
@@ -204,7 +203,7 @@ impl Reactor {
             if !op.all_started() {
                 self.runnable.push_back(key);
             } else {
-                op.in_runnable = false;
+                op.queue = Queue::Idle;
             }
             match (op.kind, slot) {
                 (OpKind::Write, Some(slot)) => {

@@ -67,6 +67,22 @@ pub(super) struct SideRoute {
     pub(super) staged: bool,
 }
 
+/// Where an op waits to start its next piece: one of the reactor's queues, or none. One field
+/// instead of three flags (`in_runnable`, `window_blocked`, `copy_parked`), so an op is never
+/// in two of them at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Queue {
+    /// In `Reactor::runnable`: it has pieces to start.
+    Runnable,
+    /// Out of the run queue until `held_bytes` drops below the per-op window (counted in
+    /// `Reactor::window_blocked_ops`); `uncount_op_slot` puts it back.
+    WindowBlocked,
+    /// In `Reactor::copy_parked` until a page-cache copy frees up.
+    CopyParked,
+    /// In no queue: every piece started, or none to start (an awaited op).
+    Idle,
+}
+
 /// One op in the table.
 pub(super) struct OpEntry {
     pub(super) shared: Arc<OpShared>,
@@ -81,14 +97,10 @@ pub(super) struct OpEntry {
     pub(super) next: usize,
     /// Pieces in the kernel, out for filling, or filled and queued for submission.
     pub(super) busy: usize,
-    pub(super) in_runnable: bool,
+    /// Which queue the op waits in for its next piece.
+    pub(super) queue: Queue,
     /// Bounce bytes this op holds (in the kernel, out for filling, or awaiting copy-out).
     pub(super) held_bytes: usize,
-    /// Left the run queue because `held_bytes` reached the per-op window.
-    pub(super) window_blocked: bool,
-    /// Left the run queue because the page-cache copies were all taken
-    /// (`Reactor::copy_parked`).
-    pub(super) copy_parked: bool,
     pub(super) eof_at: Option<u64>,
     pub(super) error: Option<Error>,
     /// File offset `error` names when it came from a piece that failed: pieces complete out of
@@ -366,10 +378,8 @@ impl Reactor {
             len,
             next: 0,
             busy: 0,
-            in_runnable: !empty,
+            queue: if empty { Queue::Idle } else { Queue::Runnable },
             held_bytes: 0,
-            window_blocked: false,
-            copy_parked: false,
             eof_at: None,
             error: None,
             error_at: None,
@@ -416,10 +426,8 @@ impl Reactor {
             len: 0,
             next: 0,
             busy: 1,
-            in_runnable: false,
+            queue: Queue::Idle,
             held_bytes: 0,
-            window_blocked: false,
-            copy_parked: false,
             eof_at: None,
             error: None,
             error_at: None,
@@ -538,13 +546,10 @@ impl Reactor {
     pub(super) fn uncount_op_slot(&mut self, key: usize, slot: BounceSlot) {
         let op = &mut self.ops[key];
         op.held_bytes -= slot.size();
-        if op.window_blocked && op.held_bytes < self.op_window {
-            op.window_blocked = false;
+        if op.queue == Queue::WindowBlocked && op.held_bytes < self.op_window {
+            op.queue = Queue::Runnable;
             self.window_blocked_ops -= 1;
-            if !op.in_runnable {
-                op.in_runnable = true;
-                self.runnable.push_back(key);
-            }
+            self.runnable.push_back(key);
         }
     }
 
@@ -555,11 +560,11 @@ impl Reactor {
             return;
         }
         let mut op = self.ops.remove(key);
-        if op.window_blocked {
-            self.window_blocked_ops -= 1;
-        }
-        if op.in_runnable {
-            self.runnable.retain(|&k| k != key);
+        match op.queue {
+            Queue::WindowBlocked => self.window_blocked_ops -= 1,
+            Queue::Runnable => self.runnable.retain(|&k| k != key),
+            // A stale key in `copy_parked` is skipped there (its op is gone or not parked).
+            Queue::CopyParked | Queue::Idle => {}
         }
         if let Some(o) = op.owned.take() {
             // Nothing of the op is in the kernel any more: the buffer may go back (or, for a
