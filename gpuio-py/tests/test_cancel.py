@@ -37,6 +37,24 @@ async def cancel_soon(awaitable):
     return False
 
 
+def writes_after_cancel(start, size):
+    """Cancels ``start(dst)`` TRIES times (each into a fresh zeroed ``dst`` of ``size``
+    bytes), refills ``dst`` after ``CancelledError`` and returns how many were written later."""
+
+    async def main():
+        written = 0
+        for _ in range(TRIES):
+            dst = np.zeros(size, dtype=np.uint8)
+            if not await cancel_soon(start(dst)):
+                continue
+            dst.fill(7)
+            await asyncio.sleep(0.05)
+            written += int(np.count_nonzero(dst != 7)) > 0
+        return written
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_cancelled_write_never_lands_after_a_later_write(backend, tmpdir_path):
     engine = engine_for(backend)
@@ -71,21 +89,8 @@ def filled_file(tmpdir_path):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_cancelled_read_writes_nothing_after_cancelled_error(backend, filled_file):
     f = engine_for(backend).open(filled_file)
-
-    async def main():
-        cancelled = written = 0
-        for _ in range(TRIES):
-            dst = np.zeros(SIZE, dtype=np.uint8)
-            if not await cancel_soon(f.aread_into(dst, 0)):
-                continue
-            cancelled += 1
-            dst.fill(7)
-            await asyncio.sleep(0.05)
-            written += int(np.count_nonzero(dst != 7)) > 0
-        return cancelled, written
-
-    cancelled, written = asyncio.run(main())
-    assert written == 0, f"{written} of {cancelled} cancelled reads wrote after CancelledError"
+    written = writes_after_cancel(lambda dst: f.aread_into(dst, 0), SIZE)
+    assert written == 0, f"{written} cancelled reads wrote after CancelledError"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -113,19 +118,7 @@ def test_a_cancelled_batch_writes_nothing_after_cancelled_error(engine, filled_f
     f = engine.open(filled_file)
     piece = 1 << 20
     descs = [(i * piece, piece, i * piece) for i in range(SIZE // piece)]
-
-    async def main():
-        written = 0
-        for _ in range(TRIES):
-            dst = np.zeros(SIZE, dtype=np.uint8)
-            if not await cancel_soon(f.aread_batch(descs, dst)):
-                continue
-            dst.fill(7)
-            await asyncio.sleep(0.05)
-            written += int(np.count_nonzero(dst != 7)) > 0
-        return written
-
-    assert asyncio.run(main()) == 0
+    assert writes_after_cancel(lambda dst: f.aread_batch(descs, dst), SIZE) == 0
 
 
 def test_a_cancelled_checkpoint_load_writes_nothing_after_cancelled_error(engine, tmpdir_path):
@@ -134,19 +127,7 @@ def test_a_cancelled_checkpoint_load_writes_nothing_after_cancelled_error(engine
     path = os.path.join(tmpdir_path, "m.safetensors")
     save_file({f"t{i}": np.full(1 << 20, i + 1, dtype=np.float32) for i in range(8)}, path)
     plan = gpuio._native.open_safetensors(engine, path).plan()
-
-    async def main():
-        written = 0
-        for _ in range(TRIES):
-            dst = np.zeros(plan.dst_len, dtype=np.uint8)
-            if not await cancel_soon(plan.aread_into(dst)):
-                continue
-            dst.fill(7)
-            await asyncio.sleep(0.05)
-            written += int(np.count_nonzero(dst != 7)) > 0
-        return written
-
-    assert asyncio.run(main()) == 0
+    assert writes_after_cancel(plan.aread_into, plan.dst_len) == 0
 
 
 def test_cancel_takes_effect_in_cancel_itself(engine, filled_file):

@@ -31,23 +31,22 @@ impl Lane for FakeSideLane {
         "fake-side"
     }
 
+    // Pieces are recorded and completed as the main fake lane does.
     fn push(&mut self, io: LaneIo<'_>) -> io::Result<()> {
         FakeLane(self.state.clone()).push(io)
     }
 
     fn wait(
         &mut self,
-        _block: bool,
-        _timeout: Option<Duration>,
+        block: bool,
+        timeout: Option<Duration>,
         out: &mut Vec<Completion>,
     ) -> io::Result<()> {
-        out.append(&mut self.state.lock().unwrap().ready);
-        Ok(())
+        FakeLane(self.state.clone()).wait(block, timeout, out)
     }
 
     fn outstanding(&self) -> usize {
-        let st = self.state.lock().unwrap();
-        st.pending.len() + st.ready.len()
+        FakeLane(self.state.clone()).outstanding()
     }
 
     fn route(&mut self, ask: &RouteAsk<'_>) -> Routed {
