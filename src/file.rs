@@ -293,7 +293,8 @@ impl File {
                 ));
             }
         }
-        if self.engine.is_shut_down() {
+        // A forked child refuses here, before any cuFile registration or stream work starts.
+        if self.engine.is_shut_down() || self.engine.inherited_across_fork() {
             return Err(self.engine.shared().refusal(self.ctx(op, offset)));
         }
         Ok(())

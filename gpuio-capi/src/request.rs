@@ -48,6 +48,9 @@ pub(crate) struct RequestState {
     abort: Mutex<Option<AbortHandle>>,
     /// Freed by the caller: no callback, no eventfd signal.
     detached: AtomicBool,
+    /// The process that started it: in a child made by `fork()` no thread of the engine
+    /// exists, so a request still running at the fork never ends there.
+    pid: u32,
 }
 
 struct Progress {
@@ -77,7 +80,20 @@ impl RequestState {
             changed: Condvar::new(),
             abort: Mutex::new(Some(abort)),
             detached: AtomicBool::new(false),
+            pid: std::process::id(),
         }
+    }
+
+    /// The refusal for waiting on (or freeing) a request that was running at a `fork()`, in
+    /// the child.
+    fn orphaned(&self) -> Option<Failure> {
+        (std::process::id() != self.pid).then(|| {
+            Failure::new(
+                gpuio_status::GPUIO_ERR_UNSUPPORTED,
+                "this request was running in the parent when the process forked; it cannot \
+                 complete in the child (the engine's threads do not exist here)",
+            )
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Progress> {
@@ -313,6 +329,13 @@ pub unsafe extern "C" fn gpuio_request_wait(
     guard(|| {
         let state = REQUESTS.get(request)?;
         let timeout = u64::try_from(timeout_ns).ok().map(Duration::from_nanos);
+        if let Some(r) = state.wait_result(Some(Duration::ZERO)) {
+            // SAFETY: forwarded from this function's contract.
+            return unsafe { report(r, bytes) };
+        }
+        if let Some(refused) = state.orphaned() {
+            return Err(refused);
+        }
         if on_executor() && timeout != Some(Duration::ZERO) {
             if let Some(r) = state.wait_result(Some(Duration::ZERO)) {
                 // SAFETY: forwarded from this function's contract.
@@ -369,6 +392,11 @@ pub unsafe extern "C" fn gpuio_request_free(request: *mut gpuio_request) -> gpui
     guard(|| {
         let state = REQUESTS.get(request)?;
         let done = state.wait_result(Some(Duration::ZERO)).is_some();
+        if !done && state.orphaned().is_some() {
+            // Nothing runs it in this child: forget it (its buffer is the parent's concern).
+            REQUESTS.remove(request)?;
+            return Ok(());
+        }
         if !done {
             crate::engine::refuse_on_executor("gpuio_request_free of a running request")?;
         }

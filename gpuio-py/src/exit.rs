@@ -67,6 +67,23 @@ pub fn attach<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
     out
 }
 
+extern "C" fn forget_in_child() {
+    // A child of fork() has only the forking thread: no other thread is attaching there, and
+    // the interpreter is not exiting. Async-signal-safe: atomic stores.
+    ATTACHING.store(0, SeqCst);
+    EXITING.store(false, SeqCst);
+}
+
+/// Registers the fork handler that resets the counters in a child (once, at module import).
+pub fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handler is a plain function that only stores to atomics, which is allowed
+        // in a child between fork and exec.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    });
+}
+
 /// Registered with `atexit` by `gpuio/__init__.py`: from now on only this thread attaches.
 #[pyfunction]
 pub fn _at_exit(py: Python<'_>) {

@@ -77,6 +77,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_class::<CheckReport>()?;
     m.add_function(wrap_pyfunction!(exit::_at_exit, m)?)?;
+    exit::register_fork_handler();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

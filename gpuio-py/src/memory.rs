@@ -37,11 +37,13 @@ pub struct HostMemory {
     _keep: HostKeep,
 }
 
-/// What keeps host memory valid; held only for its drop (which ends the export or drops the
-/// reference), never read.
+/// What keeps host memory valid: the object, or a memoryview holding an export of it (a
+/// `bytearray` cannot resize while exported). Held only for its drop, never read. A drop while
+/// detached is deferred by PyO3 to the next attach (the end of a blocking call, or the pool's
+/// `exit::attach` before a result is delivered), so the export has ended before the caller
+/// sees the result.
 #[allow(dead_code)]
 enum HostKeep {
-    Buffer(PyBuffer<u8>),
     Object(Py<PyAny>),
 }
 
@@ -253,11 +255,19 @@ fn host_buffer(
         });
     }
     let bytes = view.call_method1("cast", ("B",))?;
-    let buf = PyBuffer::<u8>::get(&bytes)?;
+    let (ptr, len) = {
+        let buf = PyBuffer::<u8>::get(&bytes)?;
+        (buf.buf_ptr().cast::<u8>(), buf.len_bytes())
+        // `buf` is released here, attached. The memoryview `bytes` holds its own export of the
+        // object, which keeps the memory in place (a bytearray cannot resize) for as long as
+        // the memoryview lives. Keeping a `PyBuffer` instead would release it wherever the
+        // operation is dropped, taking the GIL there outside `exit::attach` (a daemon thread
+        // finishing a read during interpreter exit would be ended inside Rust frames).
+    };
     Ok(HostMemory {
-        ptr: buf.buf_ptr().cast(),
-        len: buf.len_bytes(),
-        _keep: HostKeep::Buffer(buf),
+        ptr,
+        len,
+        _keep: HostKeep::Object(bytes.unbind()),
     })
 }
 

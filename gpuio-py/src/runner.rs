@@ -21,7 +21,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use futures::executor::ThreadPool;
@@ -32,20 +33,41 @@ use pyo3::types::PyDict;
 use crate::errors::to_py;
 use crate::exit;
 
-/// The binding's pool: polls asyncio operations and waits out device memory releases.
-/// `None` where the OS refused to start its threads (then awaitables fail with the reason and
-/// device memory is released after a blocking stream synchronisation instead).
+/// The binding's pool of this process: polls asyncio operations and waits out device memory
+/// releases. `None` where the OS refused to start its threads (then awaitables fail with the
+/// reason and device memory is released after a blocking stream synchronisation instead).
+///
+/// One per process: a child made by `fork()` inherits the parent's pool without its threads,
+/// where work would only queue, so a child makes its own on first use. No lock is taken (a
+/// lock held by another thread of the parent at the fork would never be released in the
+/// child): the pool of the current process is published through an atomic pointer, and the
+/// few bytes of an entry a forked child replaces are leaked.
 pub fn pool() -> Option<&'static ThreadPool> {
-    static POOL: OnceLock<Option<ThreadPool>> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
-        ThreadPool::builder()
-            .pool_size(threads)
-            .name_prefix("gpuio-py-")
-            .create()
-            .ok()
-    })
-    .as_ref()
+    struct Entry {
+        pid: u32,
+        pool: Option<ThreadPool>,
+    }
+    static CURRENT: AtomicPtr<Entry> = AtomicPtr::new(std::ptr::null_mut());
+    let pid = std::process::id();
+    let seen = CURRENT.load(Ordering::Acquire);
+    // SAFETY: entries are leaked boxes, never freed, so a non-null pointer stays valid.
+    if let Some(e) = unsafe { seen.as_ref() }.filter(|e| e.pid == pid) {
+        return e.pool.as_ref();
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 8));
+    let pool = ThreadPool::builder()
+        .pool_size(threads)
+        .name_prefix("gpuio-py-")
+        .create()
+        .ok();
+    let mine: &'static Entry = Box::leak(Box::new(Entry { pid, pool }));
+    let mine_ptr = (mine as *const Entry).cast_mut();
+    match CURRENT.compare_exchange(seen, mine_ptr, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => mine.pool.as_ref(),
+        // Another thread of this process published a pool first: use it (ours stays idle).
+        // SAFETY: as above.
+        Err(won) => unsafe { won.as_ref() }.and_then(|e| e.pool.as_ref()),
+    }
 }
 
 /// Runs `fut` to completion on this thread with the GIL released.
@@ -143,8 +165,9 @@ where
             return;
         };
         exit::attach(move |py| {
-            // The operation and the memory it held go first (attached: a buffer export ends
-            // now), then the result goes to the loop.
+            // What is left of the operation goes first; the memory it held was released when it
+            // completed (a detached drop, deferred by PyO3 and carried out by this attach,
+            // before the result reaches the loop).
             drop(op);
             let (ok, value) = match outcome {
                 Ok(v) => match v.into_bound_py_any(py) {

@@ -49,15 +49,32 @@ def test_an_inherited_engine_fails_clearly_in_the_child(engine, data_file):
     pid = os.fork()
     if pid == 0:  # the child: report what a big and a small read do, then leave at once
         os.close(r)
+        import asyncio
+
         out = []
-        for n in (1 << 20, 100):
+        tries = [lambda n=n: f.read_into(bytearray(n)) for n in (1 << 20, 100)]
+        # An awaitable too: the binding's pool is the parent's, without its threads, until the
+        # child makes its own.
+        async def aread(file, buf, offset=0):
+            return await file.aread_into(buf, offset)
+
+        tries.append(lambda: asyncio.run(aread(f, bytearray(1 << 20))))
+        for attempt in tries:
             try:
-                f.read_into(bytearray(n))
+                attempt()
                 out.append("read")
             except gpuio.Unsupported as e:
                 out.append("fork" if "fork()" in str(e) else f"other: {e}")
             except BaseException as e:  # noqa: BLE001 - reported to the parent
                 out.append(f"{type(e).__name__}: {e}")
+        # A new engine in the child works, awaitables included.
+        try:
+            g = gpuio.Engine().open(path)
+            buf = bytearray(4096)
+            n = asyncio.run(aread(g, buf, 10))
+            out.append("new" if n == 4096 and bytes(buf) == data[10:4106] else "new: wrong bytes")
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            out.append(f"new: {type(e).__name__}: {e}")
         os.write(w, ";".join(out).encode())
         os._exit(0)
     os.close(w)
@@ -73,7 +90,7 @@ def test_an_inherited_engine_fails_clearly_in_the_child(engine, data_file):
     report = os.read(r, 4096).decode()
     os.close(r)
     os.waitpid(pid, 0)
-    assert report == "fork;fork", report
+    assert report == "fork;fork;fork;new", report
     # The parent's engine is untouched.
     buf = bytearray(4096)
     assert f.read_into(buf, 10) == 4096 and bytes(buf) == data[10:4106]

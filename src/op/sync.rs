@@ -36,6 +36,13 @@ impl Future for StreamSync {
 /// Records an event on `stream` and hands it to the reactor.
 pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamSync {
     let ctx = || Context::op(OpKind::Sync).with_backend("cuda");
+    if engine.inherited() {
+        // A forked child: no CUDA call on the parent's context, no reactor to poll an event.
+        let refused = engine.refusal(ctx());
+        return StreamSync {
+            inner: OpFuture::ready(engine.clone(), OpKind::Sync, NoTransfer, Err(refused)),
+        };
+    }
     let ev = stream
         .context()
         .bind_to_thread()
