@@ -120,7 +120,7 @@ impl OpenOptions {
                 .with_backend(engine.backend().name)
         };
         let shared = engine.shared();
-        if shared.inherited() || shared.dead.load(std::sync::atomic::Ordering::SeqCst) {
+        if shared.refuses_work() {
             // A file on a stopped (or forked-away) engine could serve nothing: say so at the
             // open, not at the first read.
             return Err(shared.refusal(ctx()));
@@ -294,7 +294,7 @@ impl File {
             }
         }
         // A forked child refuses here, before any cuFile registration or stream work starts.
-        if self.engine.is_shut_down() || self.engine.inherited_across_fork() {
+        if self.engine.shared().refuses_work() {
             return Err(self.engine.shared().refusal(self.ctx(op, offset)));
         }
         Ok(())
@@ -383,7 +383,6 @@ impl File {
         let cached = (inner.is_unsent()
             && len <= crate::op::cached::CACHED_READ_MAX
             && shared.cached_fast_path
-            && !shared.inherited()
             && t.nvme.is_none()
             && t.dio.is_none()
             && t.fd.is_some())
@@ -614,7 +613,7 @@ impl File {
 
     /// Flushes data and metadata to stable storage (`fsync`).
     pub async fn sync_all(&self) -> Result<()> {
-        if self.engine.is_shut_down() {
+        if self.engine.shared().refuses_work() {
             return Err(self.engine.shared().refusal(self.ctx(OpKind::Sync, 0)));
         }
         OpFuture::new(

@@ -34,22 +34,16 @@ pub enum Memory {
 pub struct HostMemory {
     ptr: *mut u8,
     len: usize,
-    _keep: HostKeep,
-}
-
-/// What keeps host memory valid: the object, or a memoryview holding an export of it (a
-/// `bytearray` cannot resize while exported). Held only for its drop, never read. A drop while
-/// detached is deferred by PyO3 to the next attach (the end of a blocking call, or the pool's
-/// `exit::attach` before a result is delivered), so the export has ended before the caller
-/// sees the result.
-#[allow(dead_code)]
-enum HostKeep {
-    Object(Py<PyAny>),
+    /// The object, or a memoryview holding an export of it. Held only for its drop. A drop
+    /// while detached is deferred by PyO3 to the next attach (the end of a blocking call, or
+    /// the pool's `exit::attach` before a result is delivered), so the export has ended before
+    /// the caller sees the result.
+    _keep: Py<PyAny>,
 }
 
 // SAFETY: the pointer is into memory the Python object owns, which `_keep` keeps exported or
 // alive wherever this value goes; the library touches it from one thread at a time (the one
-// polling the operation). `PyBuffer` and `Py` are themselves `Send + Sync`.
+// polling the operation). `Py` is itself `Send + Sync`.
 unsafe impl Send for HostMemory {}
 // SAFETY: shared access only reads the bytes (write sources); see `Send`.
 unsafe impl Sync for HostMemory {}
@@ -251,7 +245,7 @@ fn host_buffer(
         return Ok(HostMemory {
             ptr: std::ptr::null_mut(),
             len: 0,
-            _keep: HostKeep::Object(view.clone().into_any().unbind()),
+            _keep: view.clone().into_any().unbind(),
         });
     }
     let bytes = view.call_method1("cast", ("B",))?;
@@ -267,7 +261,7 @@ fn host_buffer(
     Ok(HostMemory {
         ptr,
         len,
-        _keep: HostKeep::Object(bytes.unbind()),
+        _keep: bytes.unbind(),
     })
 }
 
@@ -356,7 +350,7 @@ fn cuda_array_interface(
         return Ok(Memory::Host(HostMemory {
             ptr: std::ptr::null_mut(),
             len: 0,
-            _keep: HostKeep::Object(obj.clone().unbind()),
+            _keep: obj.clone().unbind(),
         }));
     }
     let ordinal = RawDeviceSlice::device_of(ptr).map_err(to_py)?;
@@ -471,12 +465,12 @@ fn dlpack_capsule(
             _ if len == 0 => Ok(Memory::Host(HostMemory {
                 ptr: std::ptr::null_mut(),
                 len: 0,
-                _keep: HostKeep::Object(capsule.clone_ref(py)),
+                _keep: capsule.clone_ref(py),
             })),
             DL_CPU | DL_CUDA_HOST => Ok(Memory::Host(HostMemory {
                 ptr: ptr as usize as *mut u8,
                 len,
-                _keep: HostKeep::Object(capsule.clone_ref(py)),
+                _keep: capsule.clone_ref(py),
             })),
             DL_CUDA | DL_CUDA_MANAGED => {
                 let ordinal = t.device.device_id.max(0) as usize;

@@ -2,7 +2,7 @@
 //! side every engine handle and future shares: an MPSC queue plus the doorbell that wakes a
 //! sleeping reactor.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 
@@ -194,6 +194,12 @@ impl ReactorHandle {
     /// Whether this process is a fork of the one that built the engine (`op::fork`).
     pub(crate) fn inherited(&self) -> bool {
         super::fork::inherited(self.fork_generation)
+    }
+
+    /// Whether the engine takes no more work here: its reactor has stopped, or this process
+    /// is a forked child ([`refusal`](Self::refusal) says which).
+    pub(crate) fn refuses_work(&self) -> bool {
+        self.dead.load(Ordering::SeqCst) || self.inherited()
     }
 
     pub(crate) fn send(&self, msg: Msg) {
