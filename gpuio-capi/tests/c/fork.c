@@ -1,14 +1,15 @@
 /* An engine inherited across fork() (issue 40): the child has none of the engine's threads.
  * Every call on it fails at once with GPUIO_ERR_UNSUPPORTED naming fork() (sync reads,
  * async requests, opens), freeing it in the child returns at once, and a new engine made in
- * the child works. The parent's engine is untouched. Before, the child waited for good. */
+ * the child works. The parent's engine is untouched. Before, the child waited for good.
+ * No request is in flight at the fork: one completing at that instant may leave a lock of the
+ * C API held in the child by a thread that does not exist there (RELIABILITY.md, issue 40). */
 #include <signal.h>
 #include <sys/wait.h>
 
 #include "common.h"
 
-static int child(gpuio_engine *engine, gpuio_file *file, const char *path, size_t len,
-                 gpuio_request *inflight) {
+static int child(gpuio_engine *engine, gpuio_file *file, const char *path, size_t len) {
     uint8_t *buf = malloc(len);
     if (!buf) FAIL("malloc");
     gpuio_buffer b = host_buffer(buf, len);
@@ -20,13 +21,6 @@ static int child(gpuio_engine *engine, gpuio_file *file, const char *path, size_
     gpuio_file *again = NULL;
     EXPECT_ERR(gpuio_open(engine, path, GPUIO_OPEN_READ, &again), GPUIO_ERR_UNSUPPORTED,
                "fork()");
-    /* A request the parent started just before the fork: done (its result was copied with the
-     * memory) or refused, never a wait for threads this child does not have. */
-    gpuio_status st = gpuio_request_wait(inflight, -1, &(uint64_t){0});
-    if (st != GPUIO_OK && st != GPUIO_ERR_UNSUPPORTED)
-        FAIL("waiting on a request from before the fork: %s: %s", gpuio_status_name(st),
-             gpuio_last_error());
-    CHECK(gpuio_request_free(inflight));
     CHECK(gpuio_close(file));
     CHECK(gpuio_engine_free(engine));
     printf("ok child: the inherited engine refuses and frees\n");
@@ -61,17 +55,12 @@ int main(int argc, char **argv) {
     CHECK(gpuio_read(file, &b, 0, &n));
     EXPECT(n == len);
 
-    uint8_t *other = malloc(len);
-    if (!other) FAIL("malloc");
-    gpuio_buffer ob = host_buffer(other, len);
-    gpuio_request *inflight = NULL;
-    CHECK(gpuio_read_async(file, &ob, 0, NULL, NULL, &inflight));
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) FAIL("fork: %s", strerror(errno));
     if (pid == 0) {
         alarm(30); /* a hang fails the child instead of the suite */
-        _exit(child(engine, file, path, len, inflight));
+        _exit(child(engine, file, path, len));
     }
     int status = 0;
     if (waitpid(pid, &status, 0) != pid) FAIL("waitpid: %s", strerror(errno));
@@ -79,12 +68,6 @@ int main(int argc, char **argv) {
         FAIL("the child failed (status %#x%s)", status,
              WIFSIGNALED(status) && WTERMSIG(status) == SIGALRM ? ": it hung" : "");
 
-    uint64_t got = 0;
-    CHECK(gpuio_request_wait(inflight, -1, &got));
-    EXPECT(got == len);
-    expect_pattern(other, 0, len);
-    CHECK(gpuio_request_free(inflight));
-    free(other);
     memset(buf, 0, len);
     CHECK(gpuio_read(file, &b, 0, &n));
     EXPECT(n == len);
