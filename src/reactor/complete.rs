@@ -67,11 +67,7 @@ impl Reactor {
         op.busy -= 1;
         if let Some(res) = failure {
             let pos = io.piece.pos + io.done as u64;
-            let earlier = op.error_at.is_some_and(|at| pos < at);
-            if op.error.is_none() || earlier {
-                op.error = Some(Error::from_cqe(op.ctx(pos), res));
-                op.error_at = Some(pos);
-            }
+            op.fail_at(pos, |ctx| Error::from_cqe(ctx, res));
         }
         if io.kind == IoKind::Read && io.done < io.piece.len && failure.is_none() {
             let at = io.piece.pos + io.done as u64;
@@ -129,9 +125,9 @@ impl Reactor {
                 op.queue = Queue::Runnable;
                 self.runnable.push_back(key);
             }
-        } else if op.error.is_none() {
-            op.error = Some(self.side[lane].failure(op.ctx(pos), why));
-            op.error_at = Some(pos);
+        } else {
+            let side = &mut self.side[lane];
+            op.fail_at(pos, |ctx| side.failure(ctx, why));
         }
         if let (false, Some(slot)) = (lost, io.slot) {
             self.free_op_slot(key, slot);

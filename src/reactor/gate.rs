@@ -63,12 +63,11 @@ impl Reactor {
                         self.uncount_op_slot(key, s);
                     }
                     let op = &mut self.ops[key];
-                    if op.error.is_none() {
-                        op.error = Some(Error::cuda_msg(
-                            op.ctx(op.offset),
-                            "the event behind the device copies failed: their slots are leaked",
-                        ));
-                    }
+                    let ctx = op.ctx(op.offset);
+                    op.fail(Error::cuda_msg(
+                        ctx,
+                        "the event behind the device copies failed: their slots are leaked",
+                    ));
                     self.maybe_finish(key);
                 }
             }
@@ -82,14 +81,12 @@ impl Reactor {
                 if self.is_live(key, &shared) {
                     let op = &mut self.ops[key];
                     op.busy -= 1;
-                    if op.error.is_none() {
-                        let ctx = op.ctx(op.offset);
-                        op.error = Some(Error::cuda_msg(
-                            ctx,
-                            "the stream's event failed or never completed: the work behind it \
-                             cannot be seen to end",
-                        ));
-                    }
+                    let ctx = op.ctx(op.offset);
+                    op.fail(Error::cuda_msg(
+                        ctx,
+                        "the stream's event failed or never completed: the work behind it \
+                         cannot be seen to end",
+                    ));
                     self.maybe_finish(key);
                 }
                 // The stream may still write what the op left with it (a cuFile parameter block).

@@ -176,13 +176,11 @@ impl Reactor {
                             // Waiting would never end: no slot of this size exists. The
                             // planner never makes such pieces (its fuzz target checks that);
                             // if one ever appears, fail the op rather than hang.
-                            op.error = Some(Error::invalid(
-                                op.ctx(piece.pos),
-                                format!(
-                                    "a {}-byte piece exceeds the largest bounce slot",
-                                    piece.len
-                                ),
-                            ));
+                            let why = format!(
+                                "a {}-byte piece exceeds the largest bounce slot",
+                                piece.len
+                            );
+                            op.fail(Error::invalid(op.ctx(piece.pos), why));
                             continue;
                         }
                         starved = true;
@@ -282,7 +280,7 @@ impl Reactor {
         while i < self.fenced.len() {
             let token = self.fenced[i];
             let io = &self.ios[token];
-            if self.ops[io.op].cancelled {
+            if self.ops[io.op].cancelled() {
                 self.fenced.remove(i);
                 self.drop_unstarted(token);
                 continue;

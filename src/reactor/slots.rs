@@ -174,10 +174,8 @@ impl Reactor {
             {
                 continue;
             }
-            op.error = Some(Error::PoolExhausted {
-                ctx: Box::new(op.ctx(op.offset)),
-                pool,
-            });
+            let ctx = Box::new(op.ctx(op.offset));
+            op.fail(Error::PoolExhausted { ctx, pool });
             self.maybe_finish(key);
         }
     }

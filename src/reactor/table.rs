@@ -83,6 +83,27 @@ pub(super) enum Queue {
     Idle,
 }
 
+/// Where an op is in its life in the table, as one value (tokio-uring's `Lifecycle`, for an
+/// op of many pieces). Once it leaves `Running` no piece starts; it leaves the table when
+/// nothing of it is outstanding (`Reactor::maybe_finish`). An op cannot be both failed and
+/// cancelled: a cancelled op's result goes nowhere, so its errors are not kept.
+pub(super) enum Lifecycle {
+    /// Pieces to start or in flight, nothing failed.
+    Running,
+    /// Something failed; the remaining pieces in flight drain.
+    Failed {
+        error: Error,
+        /// File offset of the failing piece, where a piece failed: pieces complete out of
+        /// order, and the error kept is the one at the lowest failing offset (a later
+        /// piece's ENOSPC must not hide an earlier one's). For writes every piece below it
+        /// was written (pieces start in order; fenced ones still run); a failed read hands
+        /// back no data.
+        at: Option<u64>,
+    },
+    /// The future was dropped; the pieces in flight drain.
+    Cancelled,
+}
+
 /// One op in the table.
 pub(super) struct OpEntry {
     pub(super) shared: Arc<OpShared>,
@@ -102,13 +123,7 @@ pub(super) struct OpEntry {
     /// Bounce bytes this op holds (in the kernel, out for filling, or awaiting copy-out).
     pub(super) held_bytes: usize,
     pub(super) eof_at: Option<u64>,
-    pub(super) error: Option<Error>,
-    /// File offset `error` names when it came from a piece that failed: pieces complete out of
-    /// order, and the error kept is the one at the lowest failing offset (a later piece's
-    /// ENOSPC must not hide an earlier one's). For writes every piece below it was written
-    /// (pieces start in order; fenced ones still run); a failed read hands back no data.
-    pub(super) error_at: Option<u64>,
-    pub(super) cancelled: bool,
+    pub(super) life: Lifecycle,
     /// Alignment the plan was made on (a short read not a multiple of it means end of file).
     pub(super) align: u64,
     /// The side lane that serves this op (`Lane::route`); `None`: the main lane.
@@ -127,8 +142,81 @@ pub(super) struct OpEntry {
 }
 
 impl OpEntry {
+    /// A new op on the main lane with nothing started; `accept` sets what differs.
+    fn new(
+        shared: Arc<OpShared>,
+        file: Arc<Target>,
+        kind: OpKind,
+        plan: Plan,
+        offset: u64,
+        len: u64,
+        backend: &'static str,
+    ) -> Self {
+        let queue = if plan.len() == 0 {
+            Queue::Idle
+        } else {
+            Queue::Runnable
+        };
+        OpEntry {
+            shared,
+            _pending: None,
+            file,
+            kind,
+            plan,
+            offset,
+            len,
+            next: 0,
+            busy: 0,
+            queue,
+            held_bytes: 0,
+            eof_at: None,
+            life: Lifecycle::Running,
+            align: 1,
+            side: None,
+            backend,
+            retry: Vec::new(),
+            owned: None,
+            awaited: None,
+            residency: false,
+        }
+    }
+
+    /// Whether no more pieces start (failed or cancelled).
     pub(super) fn stopped(&self) -> bool {
-        self.cancelled || self.error.is_some()
+        !matches!(self.life, Lifecycle::Running)
+    }
+
+    pub(super) fn cancelled(&self) -> bool {
+        matches!(self.life, Lifecycle::Cancelled)
+    }
+
+    /// Fails a running op with `error` (the first failure wins; a cancelled op keeps none).
+    pub(super) fn fail(&mut self, error: Error) {
+        if let Lifecycle::Running = self.life {
+            self.life = Lifecycle::Failed { error, at: None };
+        }
+    }
+
+    /// Fails the op for a piece that failed at file offset `pos`, keeping the error at the
+    /// lowest failing offset.
+    pub(super) fn fail_at(&mut self, pos: u64, error: impl FnOnce(Context) -> Error) {
+        let replace = match &self.life {
+            Lifecycle::Running => true,
+            Lifecycle::Failed { at, .. } => at.is_some_and(|at| pos < at),
+            Lifecycle::Cancelled => false,
+        };
+        if replace {
+            let error = error(self.ctx(pos));
+            self.life = Lifecycle::Failed {
+                error,
+                at: Some(pos),
+            };
+        }
+    }
+
+    /// The future is gone: nothing more starts and no result is kept.
+    pub(super) fn cancel(&mut self) {
+        self.life = Lifecycle::Cancelled;
     }
 
     /// Whether the op's main pieces move through its side lane's device staging memory.
@@ -190,7 +278,7 @@ impl Reactor {
             Msg::Cancel(shared) => {
                 let key = shared.key();
                 if self.is_live(key, &shared) {
-                    self.ops[key].cancelled = true;
+                    self.ops[key].cancel();
                     self.reclaim(key);
                     self.maybe_finish(key);
                 } else {
@@ -214,11 +302,7 @@ impl Reactor {
                     op.busy -= 1;
                     match what.result() {
                         Ok(n) => op.awaited = Some(n),
-                        Err(e) => {
-                            if op.error.is_none() {
-                                op.error = Some(e);
-                            }
-                        }
+                        Err(e) => op.fail(e),
                     }
                     self.maybe_finish(key);
                 }
@@ -235,10 +319,8 @@ impl Reactor {
                             op.busy -= 1;
                         }
                     }
-                    if op.error.is_none() {
-                        let ctx = op.ctx(op.offset);
-                        op.error = Some(Error::cuda_msg(ctx, "device copy failed"));
-                    }
+                    let ctx = op.ctx(op.offset);
+                    op.fail(Error::cuda_msg(ctx, "device copy failed"));
                     self.maybe_finish(key);
                 }
                 // The slots themselves are never freed.
@@ -368,30 +450,13 @@ impl Reactor {
             return;
         }
         let empty = plan.len() == 0;
-        let key = self.ops.insert(OpEntry {
-            shared: shared.clone(),
-            _pending: pending,
-            file,
-            kind,
-            plan,
-            offset,
-            len,
-            next: 0,
-            busy: 0,
-            queue: if empty { Queue::Idle } else { Queue::Runnable },
-            held_bytes: 0,
-            eof_at: None,
-            error: None,
-            error_at: None,
-            cancelled: false,
-            align,
-            side,
-            backend,
-            retry: Vec::new(),
-            owned,
-            awaited: None,
-            residency,
-        });
+        let mut entry = OpEntry::new(shared.clone(), file, kind, plan, offset, len, backend);
+        entry._pending = pending;
+        entry.align = align;
+        entry.side = side;
+        entry.owned = owned;
+        entry.residency = residency;
+        let key = self.ops.insert(entry);
         self.name_op(&shared, key);
         if empty {
             self.maybe_finish(key);
@@ -416,30 +481,10 @@ impl Reactor {
             "cuda"
         };
         let file = file.unwrap_or_else(|| Arc::new(Target::unnamed()));
-        let key = self.ops.insert(OpEntry {
-            shared: shared.clone(),
-            _pending: None,
-            file,
-            kind,
-            plan: Plan::Await,
-            offset,
-            len: 0,
-            next: 0,
-            busy: 1,
-            queue: Queue::Idle,
-            held_bytes: 0,
-            eof_at: None,
-            error: None,
-            error_at: None,
-            cancelled: false,
-            align: 1,
-            side: None,
-            backend,
-            retry: Vec::new(),
-            owned: None,
-            awaited: None,
-            residency: false,
-        });
+        let mut entry = OpEntry::new(shared.clone(), file, kind, Plan::Await, offset, 0, backend);
+        // The gate is the one thing outstanding.
+        entry.busy = 1;
+        let key = self.ops.insert(entry);
         self.name_op(&shared, key);
         // Queued on the stream already, so taken even while shutting down: shutdown waits for
         // it like for any piece in flight.
@@ -493,8 +538,9 @@ impl Reactor {
         for key in keys {
             let op = &mut self.ops[key];
             // Work already queued on a stream runs to its end: it reports its own result.
-            if op.error.is_none() && !op.cancelled && !matches!(op.plan, Plan::Await) {
-                op.error = Some(Error::shutdown(op.ctx(op.offset)));
+            if !matches!(op.plan, Plan::Await) {
+                let ctx = op.ctx(op.offset);
+                op.fail(Error::shutdown(ctx));
             }
             self.reclaim(key);
             self.maybe_finish(key);
@@ -571,12 +617,12 @@ impl Reactor {
             // dropped future, be freed here).
             op.shared.give_back(o.keep);
         }
-        let result = match op.error.take() {
-            Some(e) => Err(e),
-            None if op.cancelled => return,
+        let result = match std::mem::replace(&mut op.life, Lifecycle::Cancelled) {
+            Lifecycle::Failed { error, .. } => Err(error),
+            Lifecycle::Cancelled => return,
             // Work on a stream reports its own count (a read's plan has no pieces to sum).
-            None if matches!(op.plan, Plan::Await) => Ok(op.awaited.unwrap_or(0)),
-            None => match op.kind {
+            Lifecycle::Running if matches!(op.plan, Plan::Await) => Ok(op.awaited.unwrap_or(0)),
+            Lifecycle::Running => match op.kind {
                 OpKind::Read => {
                     let end = op.offset + op.len;
                     Ok(op
