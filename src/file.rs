@@ -120,10 +120,10 @@ impl OpenOptions {
                 .with_backend(engine.backend().name)
         };
         let shared = engine.shared();
-        if shared.refuses_work() {
+        if shared.reactor.refuses_work() {
             // A file on a stopped (or forked-away) engine could serve nothing: say so at the
             // open, not at the first read.
-            return Err(shared.refusal(ctx()));
+            return Err(shared.reactor.refusal(ctx()));
         }
         if !self.read && !self.write {
             return Err(Error::invalid(ctx(), "open needs read and/or write access"));
@@ -294,8 +294,8 @@ impl File {
             }
         }
         // A forked child refuses here, before any cuFile registration or stream work starts.
-        if self.engine.shared().refuses_work() {
-            return Err(self.engine.shared().refusal(self.ctx(op, offset)));
+        if self.engine.shared().reactor.refuses_work() {
+            return Err(self.engine.shared().reactor.refusal(self.ctx(op, offset)));
         }
         Ok(())
     }
@@ -382,7 +382,7 @@ impl File {
         let shared = self.engine.shared();
         let cached = (inner.is_unsent()
             && len <= crate::op::cached::CACHED_READ_MAX
-            && shared.cached_fast_path
+            && shared.policy.cached_fast_path
             && t.nvme.is_none()
             && t.dio.is_none()
             && t.fd.is_some())
@@ -613,8 +613,12 @@ impl File {
 
     /// Flushes data and metadata to stable storage (`fsync`).
     pub async fn sync_all(&self) -> Result<()> {
-        if self.engine.shared().refuses_work() {
-            return Err(self.engine.shared().refusal(self.ctx(OpKind::Sync, 0)));
+        if self.engine.shared().reactor.refuses_work() {
+            return Err(self
+                .engine
+                .shared()
+                .reactor
+                .refusal(self.ctx(OpKind::Sync, 0)));
         }
         OpFuture::new(
             self.engine.shared().clone(),

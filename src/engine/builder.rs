@@ -12,6 +12,7 @@ use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
 use crate::lane::pread::PreadLane;
+use crate::op::engine_shared::{EngineShared, OpPolicy};
 use crate::op::msg::{Msg, ReactorHandle};
 use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
@@ -414,9 +415,11 @@ impl EngineBuilder {
         let doorbell =
             Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
         let (tx, rx) = channel::<Msg>();
-        let mut handle = ReactorHandle::new(tx, doorbell.clone(), arena.clone());
-        handle.cached_fast_path = self.cached_fast_path;
-        let shared = Arc::new(handle);
+        let policy = OpPolicy {
+            cached_fast_path: self.cached_fast_path,
+        };
+        let reactor = ReactorHandle::new(tx, doorbell.clone());
+        let shared = Arc::new(EngineShared::new(reactor, arena.clone(), policy));
         let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
         let backend = self.backend;
         let qd = sizing.queue_depth;

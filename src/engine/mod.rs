@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, OpKind, Result};
+use crate::op::engine_shared::EngineShared;
 use crate::op::future::{NoTransfer, OpFuture};
-use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
+use crate::op::msg::{Msg, SubmitMsg};
 use crate::plan::sizing::Sizing;
 use crate::target::GdsMode;
 
@@ -80,7 +81,7 @@ pub struct BackendInfo {
 const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 struct EngineInner {
-    shared: Arc<ReactorHandle>,
+    shared: Arc<EngineShared>,
     /// The reactor thread, joined when the last handle goes (see the drop).
     reactor: Option<std::thread::JoinHandle<()>>,
     /// Disconnects when the reactor thread ends.
@@ -100,7 +101,7 @@ impl Drop for EngineInner {
         // ring and workers are gone when this returns and its pool is on its way out (a pinned
         // pool is unpinned on a thread of its own, `buf::arena`; memory a device may still
         // write is quarantined instead, see `reactor::death`).
-        if self.shared.inherited() {
+        if self.shared.reactor.inherited() {
             // A forked child: the reactor thread, its ring and its pool are the parent's (the
             // thread does not exist here). Waking or joining it would wait for nothing, and
             // freeing the pool would unpin memory the parent's CUDA context owns: leave all of
@@ -110,7 +111,7 @@ impl Drop for EngineInner {
             }
             return;
         }
-        self.shared.close();
+        self.shared.reactor.close();
         let Some(t) = self.reactor.take() else { return };
         if t.thread().id() == std::thread::current().id() {
             return;
@@ -211,7 +212,7 @@ impl Engine {
     /// Small reads (into host or device memory) so far that the polling thread served straight from the
     /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
     pub fn cached_reads(&self) -> u64 {
-        self.inner.shared.cached_reads.load(Ordering::Relaxed)
+        self.inner.shared.stats.cached_reads.load(Ordering::Relaxed)
     }
 
     /// Where this engine's pieces have spent their time so far: take two and subtract
@@ -221,7 +222,7 @@ impl Engine {
     /// example print them). Published by the reactor about once a millisecond; only time in
     /// which the engine had work is counted, so a pause before a read does not dilute it.
     pub fn occupancy(&self) -> crate::op::occupancy::Occupancy {
-        self.inner.shared.occupancy.snapshot()
+        self.inner.shared.stats.occupancy.snapshot()
     }
 
     /// Fault injection for tests: the reactor panics at its next completion, as a bug would
@@ -230,6 +231,7 @@ impl Engine {
     pub fn inject_reactor_panic(&self) {
         self.inner
             .shared
+            .reactor
             .send(crate::op::msg::Msg::PanicAtNextCompletion);
     }
 
@@ -239,12 +241,12 @@ impl Engine {
     /// the fork) and its drop leaves the parent's reactor and pool alone; bindings that run
     /// their own threads for it (the C API's executor) check this before using them.
     pub fn inherited_across_fork(&self) -> bool {
-        self.inner.shared.inherited()
+        self.inner.shared.reactor.inherited()
     }
 
     /// Whether the reactor has stopped (after shutdown, or because it died).
     pub fn is_shut_down(&self) -> bool {
-        self.inner.shared.dead.load(Ordering::SeqCst)
+        self.inner.shared.reactor.is_dead()
     }
 
     /// Why the reactor died, if it did: its panic message or the kernel interface that
@@ -252,7 +254,7 @@ impl Engine {
     /// engine fails every pending and later operation with
     /// [`Error::ReactorDied`](crate::Error::ReactorDied) carrying this reason; open a new one.
     pub fn failure(&self) -> Option<&str> {
-        self.inner.shared.death.get().map(String::as_str)
+        self.inner.shared.reactor.death()
     }
 
     /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
@@ -276,7 +278,7 @@ impl Engine {
         match fut.await {
             Ok(_) => Ok(()),
             // Already stopped: that is what was asked for, unless the reactor died.
-            Err(Error::Shutdown { ctx }) => match self.inner.shared.refusal(*ctx) {
+            Err(Error::Shutdown { ctx }) => match self.inner.shared.reactor.refusal(*ctx) {
                 Error::Shutdown { .. } => Ok(()),
                 died => Err(died),
             },
@@ -298,7 +300,7 @@ impl Engine {
         crate::reactor::op_window(&self.inner.shared.arena)
     }
 
-    pub(crate) fn shared(&self) -> &Arc<ReactorHandle> {
+    pub(crate) fn shared(&self) -> &Arc<EngineShared> {
         &self.inner.shared
     }
 

@@ -20,8 +20,9 @@ use cudarc::driver::CudaStream;
 
 use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch_stage, try_read};
 use super::device::{read_copies, stageable};
+use super::engine_shared::EngineShared;
 use super::gate::Gated;
-use super::msg::{Msg, ReactorHandle};
+use super::msg::Msg;
 use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
@@ -38,12 +39,12 @@ pub(crate) static COPIES: AtomicU64 = AtomicU64::new(0);
 /// the read's slots belong to.
 pub(crate) struct Combine {
     pub(crate) combiner: Arc<CopyCombiner>,
-    pub(crate) engine: Arc<ReactorHandle>,
+    pub(crate) engine: Arc<EngineShared>,
 }
 
 /// Landed pieces of one read, waiting for the batch's next flush.
 pub(crate) struct Combined {
-    pub(crate) engine: Arc<ReactorHandle>,
+    pub(crate) engine: Arc<EngineShared>,
     pub(crate) arena: Arc<BounceArena>,
     pub(crate) shared: Arc<OpShared>,
     pub(crate) pieces: ReadyPieces,
@@ -76,7 +77,7 @@ pub(crate) struct CopyCombiner {
 
 /// One engine's share of a flush: its slots go back behind one event.
 struct EngineShare {
-    engine: Arc<ReactorHandle>,
+    engine: Arc<EngineShared>,
     arena: Arc<BounceArena>,
     keep: Option<Arc<dyn std::any::Any + Send + Sync>>,
     releases: Vec<Msg>,
@@ -214,13 +215,13 @@ impl CopyCombiner {
                         &share.arena,
                     )
                     .keeping(share.keep);
-                    share.engine.send(Msg::Gated(gated));
+                    share.engine.reactor.send(Msg::Gated(gated));
                 }
                 staged
             }
             Err(why) => {
                 for c in pending {
-                    c.engine.send(Msg::Abandon(c.shared, c.pieces));
+                    c.engine.reactor.send(Msg::Abandon(c.shared, c.pieces));
                 }
                 Err(why)
             }
@@ -237,7 +238,7 @@ impl CopyCombiner {
         ctx.bind_to_thread()
             .map_err(|e| format!("binding the context: {e}"))?;
         let mut copies = Vec::with_capacity(pending.len());
-        let mut engines: Vec<&Arc<ReactorHandle>> = Vec::new();
+        let mut engines: Vec<&Arc<EngineShared>> = Vec::new();
         for c in pending {
             c.arena.ensure_pinned(ctx);
             let staging = c.shared.staging.get();
@@ -279,7 +280,7 @@ impl Drop for CopyCombiner {
     fn drop(&mut self) {
         // Pieces never flushed were never copied: their slots go straight back.
         for c in self.take() {
-            c.engine.send(Msg::release(&c.shared, c.pieces));
+            c.engine.reactor.send(Msg::release(&c.shared, c.pieces));
         }
     }
 }

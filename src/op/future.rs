@@ -6,7 +6,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
-use super::msg::{Msg, ReactorHandle, SubmitMsg};
+use super::engine_shared::EngineShared;
+use super::msg::{Msg, SubmitMsg};
 use super::request::OpRequest;
 use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
@@ -92,7 +93,7 @@ const MAX_ROUNDS_PER_POLL: usize = 8;
 
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
-    engine: Arc<ReactorHandle>,
+    engine: Arc<EngineShared>,
     stage: Stage,
     transfer: T,
     op: OpKind,
@@ -105,7 +106,7 @@ impl<T: Transfer> OpFuture<T> {
     }
 
     /// The engine the op runs on.
-    pub(crate) fn engine(&self) -> &Arc<ReactorHandle> {
+    pub(crate) fn engine(&self) -> &Arc<EngineShared> {
         &self.engine
     }
 
@@ -122,7 +123,7 @@ impl<T: Transfer> OpFuture<T> {
     }
 
     /// A future for `req`, sent on first poll.
-    pub(crate) fn new(engine: Arc<ReactorHandle>, req: OpRequest, transfer: T) -> Self {
+    pub(crate) fn new(engine: Arc<EngineShared>, req: OpRequest, transfer: T) -> Self {
         let op = req.op_kind();
         let msg = Msg::Submit(SubmitMsg {
             shared: None,
@@ -133,7 +134,7 @@ impl<T: Transfer> OpFuture<T> {
 
     /// A future for a message that carries the op's `OpShared` (shutdown).
     pub(crate) fn with_message(
-        engine: Arc<ReactorHandle>,
+        engine: Arc<EngineShared>,
         op: OpKind,
         transfer: T,
         msg: Msg,
@@ -150,7 +151,7 @@ impl<T: Transfer> OpFuture<T> {
     /// it waits for `shared` to complete.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn running(
-        engine: Arc<ReactorHandle>,
+        engine: Arc<EngineShared>,
         op: OpKind,
         transfer: T,
         shared: Arc<OpShared>,
@@ -165,7 +166,7 @@ impl<T: Transfer> OpFuture<T> {
 
     /// A future that is already finished with `r` (validation failures, empty requests).
     pub(crate) fn ready(
-        engine: Arc<ReactorHandle>,
+        engine: Arc<EngineShared>,
         op: OpKind,
         transfer: T,
         r: Result<u64>,
@@ -199,7 +200,7 @@ impl<T: Transfer> Future for OpFuture<T> {
             }
             // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes
             // its op with `Error::Shutdown`, so the loop below returns instead of hanging.
-            this.engine.send(msg);
+            this.engine.reactor.send(msg);
             this.stage = Stage::Running(shared);
         }
         let shared = match &this.stage {
@@ -236,11 +237,11 @@ impl<T: Transfer> Future for OpFuture<T> {
             };
             if !pieces.is_empty() {
                 if let Some(msg) = this.transfer.transfer(pieces, &this.engine.arena, &shared) {
-                    this.engine.send(msg);
+                    this.engine.reactor.send(msg);
                 }
                 if let Some(e) = this.transfer.take_error() {
                     // Stop the op; whatever it still holds comes back through the reactor.
-                    this.engine.send(Msg::Cancel(shared.clone()));
+                    this.engine.reactor.send(Msg::Cancel(shared.clone()));
                     this.stage = Stage::Done;
                     return Poll::Ready(Err(e));
                 }
@@ -261,7 +262,7 @@ impl<T: Transfer> Drop for OpFuture<T> {
         if let Stage::Running(shared) = &self.stage {
             // Dropped mid-flight: the reactor stops starting pieces and reclaims slots. In-flight
             // I/O only ever targets bounce slots, so nothing waits for it here.
-            self.engine.send(Msg::Cancel(shared.clone()));
+            self.engine.reactor.send(Msg::Cancel(shared.clone()));
         }
     }
 }

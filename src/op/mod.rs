@@ -8,6 +8,7 @@ pub(crate) mod cached;
 pub(crate) mod combine;
 #[cfg(feature = "cuda")]
 pub(crate) mod device;
+pub(crate) mod engine_shared;
 pub(crate) mod fork;
 pub(crate) mod future;
 pub(crate) mod gate;

@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use super::gate::Gated;
 use super::request::OpRequest;
 use super::{OpRef, OpShared, ReadyPieces};
-use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::doorbell::Doorbell;
 
@@ -127,48 +126,50 @@ impl Awaited {
     }
 }
 
-/// The part of an engine every handle and future shares.
+/// The sending side of the reactor's channel, shared by every engine handle and future: the
+/// MPSC queue, the doorbell that wakes a sleeping reactor, and whether anyone is still
+/// listening (the reactor's death, an orderly stop, or a forked child). Nothing else: the
+/// engine's policy and counters are in [`EngineShared`](super::engine_shared::EngineShared).
 pub(crate) struct ReactorHandle {
     tx: Mutex<Option<Sender<Msg>>>,
     pub(crate) doorbell: Arc<Doorbell>,
-    pub(crate) arena: Arc<BounceArena>,
-    pub(crate) dead: AtomicBool,
+    dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
-    pub(crate) death: std::sync::OnceLock<String>,
-    /// Small host reads may be served straight from the page cache by the polling thread
-    /// (`op::cached`); off, every read goes through the reactor.
-    pub(crate) cached_fast_path: bool,
-    /// Reads the polling thread served from the page cache.
-    pub(crate) cached_reads: std::sync::atomic::AtomicU64,
+    death: std::sync::OnceLock<String>,
     /// The process's fork count when the engine was built (`op::fork`): in a child of that
     /// process the engine refuses everything.
-    pub(crate) fork_generation: u64,
-    /// Writes whose futures exist and whose ops the reactor has not finished, per file
-    /// (`request::PendingWrite`).
-    pub(crate) writes_pending: Arc<super::request::PendingWrites>,
-    /// Where pieces spent their time (`op::occupancy`), published by the reactor.
-    pub(crate) occupancy: super::occupancy::OccupancyTotals,
-    /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
-    #[cfg(test)]
-    pub(crate) turns: std::sync::atomic::AtomicUsize,
+    fork_generation: u64,
 }
 
 impl ReactorHandle {
-    pub(crate) fn new(tx: Sender<Msg>, doorbell: Arc<Doorbell>, arena: Arc<BounceArena>) -> Self {
+    pub(crate) fn new(tx: Sender<Msg>, doorbell: Arc<Doorbell>) -> Self {
         ReactorHandle {
             tx: Mutex::new(Some(tx)),
             doorbell,
-            arena,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
-            cached_fast_path: true,
-            cached_reads: std::sync::atomic::AtomicU64::new(0),
             fork_generation: super::fork::generation(),
-            writes_pending: Arc::new(super::request::PendingWrites::new()),
-            occupancy: Default::default(),
-            #[cfg(test)]
-            turns: std::sync::atomic::AtomicUsize::new(0),
         }
+    }
+
+    /// The reactor has stopped taking messages; `reason` where it died (not after an orderly
+    /// stop). Closes the channel: what is sent from now on is refused.
+    pub(crate) fn mark_dead(&self, reason: Option<String>) {
+        if let Some(reason) = reason {
+            let _ = self.death.set(reason);
+        }
+        self.dead.store(true, Ordering::SeqCst);
+        self.close();
+    }
+
+    /// Whether the reactor has stopped (died or shut down).
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::SeqCst)
+    }
+
+    /// Why the reactor died, if it did.
+    pub(crate) fn death(&self) -> Option<&str> {
+        self.death.get().map(String::as_str)
     }
 
     /// The error for an operation the stopped engine cannot take: [`Error::ReactorDied`] with
@@ -199,7 +200,7 @@ impl ReactorHandle {
     /// Whether the engine takes no more work here: its reactor has stopped, or this process
     /// is a forked child ([`refusal`](Self::refusal) says which).
     pub(crate) fn refuses_work(&self) -> bool {
-        self.dead.load(Ordering::SeqCst) || self.inherited()
+        self.is_dead() || self.inherited()
     }
 
     pub(crate) fn send(&self, msg: Msg) {

@@ -115,8 +115,7 @@ impl Future for ReadInto<'_> {
             // No write of this file unfinished: the reactor's range fence orders reads after
             // overlapping write pieces in the kernel, which this read would not wait for.
             let engine = this.inner.engine();
-            let open = !engine.dead.load(std::sync::atomic::Ordering::SeqCst)
-                && !engine.writes_pending.any(&file.fence_key);
+            let open = !engine.reactor.is_dead() && !engine.writes_pending.any(&file.fence_key);
             if open {
                 let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
                 let served = match this.inner.transfer_mut() {
@@ -132,6 +131,7 @@ impl Future for ReadInto<'_> {
                     if result.is_ok() {
                         this.inner
                             .engine()
+                            .stats
                             .cached_reads
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }

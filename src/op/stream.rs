@@ -12,8 +12,9 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use super::OpShared;
+use super::engine_shared::EngineShared;
 use super::gate::Gated;
-use super::msg::{Awaited, Msg, ReactorHandle, SubmitMsg};
+use super::msg::{Awaited, Msg, SubmitMsg};
 use super::request::OpRequest;
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
@@ -94,7 +95,7 @@ impl StreamDone {
 /// `file` must carry a registered cuFile handle.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn enqueue(
-    engine: &Arc<ReactorHandle>,
+    engine: &Arc<EngineShared>,
     file: &Arc<Target>,
     stream: &Arc<CudaStream>,
     dptr: u64,
@@ -157,7 +158,7 @@ pub(crate) unsafe fn enqueue(
                 Box::new(EventGate::new(ev)),
                 Msg::Awaited(shared.clone(), Awaited::Stream(done)),
             );
-            engine.send(Msg::Submit(SubmitMsg {
+            engine.reactor.send(Msg::Submit(SubmitMsg {
                 shared: Some(shared.clone()),
                 req: Some(OpRequest::Await {
                     kind: op,

@@ -12,9 +12,10 @@ use std::task::{Context as TaskContext, Poll};
 use cudarc::driver::CudaStream;
 
 use super::OpShared;
+use super::engine_shared::EngineShared;
 use super::future::{NoTransfer, OpFuture};
 use super::gate::Gated;
-use super::msg::{Awaited, Msg, ReactorHandle, SubmitMsg};
+use super::msg::{Awaited, Msg, SubmitMsg};
 use super::request::OpRequest;
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
@@ -34,11 +35,11 @@ impl Future for StreamSync {
 }
 
 /// Records an event on `stream` and hands it to the reactor.
-pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamSync {
+pub(crate) fn start(engine: &Arc<EngineShared>, stream: &CudaStream) -> StreamSync {
     let ctx = || Context::op(OpKind::Sync).with_backend("cuda");
-    if engine.inherited() {
+    if engine.reactor.inherited() {
         // A forked child: no CUDA call on the parent's context, no reactor to poll an event.
-        let refused = engine.refusal(ctx());
+        let refused = engine.reactor.refusal(ctx());
         return StreamSync {
             inner: OpFuture::ready(engine.clone(), OpKind::Sync, NoTransfer, Err(refused)),
         };
@@ -60,7 +61,7 @@ pub(crate) fn start(engine: &Arc<ReactorHandle>, stream: &CudaStream) -> StreamS
                 Box::new(EventGate::new(ev)),
                 Msg::Awaited(shared.clone(), Awaited::Idle),
             );
-            engine.send(Msg::Submit(SubmitMsg {
+            engine.reactor.send(Msg::Submit(SubmitMsg {
                 shared: Some(shared.clone()),
                 req: Some(OpRequest::Await {
                     kind: OpKind::Sync,

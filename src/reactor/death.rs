@@ -5,7 +5,6 @@
 //! decides to leak.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::Ordering;
 
 use super::Reactor;
 use crate::buf::quarantine;
@@ -29,11 +28,7 @@ impl Reactor {
         };
         // The reason is recorded before the engine reads as stopped, so that every refusal
         // from then on names it.
-        if let Some(reason) = &death {
-            let _ = self.engine.death.set(reason.clone());
-        }
-        self.engine.dead.store(true, Ordering::SeqCst);
-        self.engine.close();
+        self.engine.reactor.mark_dead(death.clone());
         match death {
             None => {
                 for w in self.shutdown_waiters.drain(..) {
@@ -46,7 +41,7 @@ impl Reactor {
         // (SubmitMsg's Drop would say only "shut down").
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
-                m.refuse(|ctx| self.engine.refusal(ctx));
+                m.refuse(|ctx| self.engine.reactor.refusal(ctx));
             }
         }
     }

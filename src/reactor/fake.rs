@@ -115,6 +115,7 @@ mod tests {
     use super::*;
     use crate::buf::arena::BounceArena;
     use crate::lane::doorbell::Doorbell;
+    use crate::op::engine_shared::{EngineShared, OpPolicy};
     use crate::op::msg::{Msg, ReactorHandle, SubmitMsg};
     use crate::op::request::OpRequest;
     use crate::op::{OpShared, ReadyPieces};
@@ -127,7 +128,7 @@ mod tests {
     struct Harness {
         reactor: Reactor,
         lane: Arc<Mutex<FakeState>>,
-        handle: Arc<ReactorHandle>,
+        handle: Arc<EngineShared>,
         arena: Arc<BounceArena>,
     }
 
@@ -147,7 +148,12 @@ mod tests {
         let arena = Arc::new(BounceArena::new(block, blocks, 0).unwrap());
         let doorbell = Arc::new(Doorbell::new().unwrap());
         let (tx, rx) = channel();
-        let handle = Arc::new(ReactorHandle::new(tx, doorbell, arena.clone()));
+        let reactor = ReactorHandle::new(tx, doorbell);
+        let handle = Arc::new(EngineShared::new(
+            reactor,
+            arena.clone(),
+            OpPolicy::default(),
+        ));
         let lane = Arc::new(Mutex::new(FakeState::default()));
         let cfg = ReactorConfig {
             buffered_chunk: chunk,
@@ -178,7 +184,7 @@ mod tests {
     impl Harness {
         fn submit(&self, req: OpRequest) -> Arc<OpShared> {
             let shared = OpShared::new();
-            self.handle.send(Msg::Submit(SubmitMsg {
+            self.handle.reactor.send(Msg::Submit(SubmitMsg {
                 shared: Some(shared.clone()),
                 req: Some(req),
             }));
@@ -237,7 +243,7 @@ mod tests {
                 }
                 seen += p.valid;
             }
-            self.handle.send(Msg::release(op, pieces));
+            self.handle.reactor.send(Msg::release(op, pieces));
             seen
         }
 
@@ -251,7 +257,7 @@ mod tests {
                 let bytes = unsafe { self.arena.slot_bytes_mut(&p.slot, p.valid) };
                 bytes.fill(0xAB);
             }
-            self.handle.send(Msg::Filled(op.clone(), pieces));
+            self.handle.reactor.send(Msg::Filled(op.clone(), pieces));
             n
         }
 
@@ -314,7 +320,7 @@ mod tests {
         let op = h.read(&file, 0, 4 << 20);
         h.turn();
         assert_eq!(h.pending().len(), 4);
-        h.handle.send(Msg::Cancel(op.clone()));
+        h.handle.reactor.send(Msg::Cancel(op.clone()));
         h.turn();
         let pushed = h.lane.lock().unwrap().pushed;
         assert_eq!(
@@ -350,7 +356,7 @@ mod tests {
         h.complete_all();
         h.turn();
         assert_eq!(h.slots_in_use(), 256 * K, "handed to the future, not taken");
-        h.handle.send(Msg::Cancel(op.clone()));
+        h.handle.reactor.send(Msg::Cancel(op.clone()));
         h.turn();
         assert_eq!(h.slots_in_use(), 0);
         assert!(h.reactor.ops.is_empty());
@@ -397,7 +403,7 @@ mod tests {
         let file = Arc::new(Target::fake(1));
         let op = h.read(&file, 0, 1 << 20);
         h.turn();
-        h.handle.close();
+        h.handle.reactor.close();
         assert_eq!(h.turn(), Turn::Running, "pieces still in the lane");
         assert_eq!(op.peek_result(), None, "not finished while pieces are out");
         h.complete_all();
@@ -477,7 +483,7 @@ mod tests {
         let slots: crate::op::SlotList = op.reclaim_ready().into_iter().map(|p| p.slot).collect();
         assert_eq!(slots.len(), started);
         let state = Arc::new(std::sync::atomic::AtomicU8::new(2));
-        h.handle.send(Msg::Gated(Gated::new(
+        h.handle.reactor.send(Msg::Gated(Gated::new(
             Box::new(HandGate(state)),
             Msg::Release(op.op_ref(), slots),
             &h.arena,
@@ -509,7 +515,7 @@ mod tests {
             Msg::Awaited(shared.clone(), what),
             &h.arena,
         );
-        h.handle.send(Msg::Submit(SubmitMsg {
+        h.handle.reactor.send(Msg::Submit(SubmitMsg {
             shared: Some(shared.clone()),
             req: Some(OpRequest::Await {
                 kind,
@@ -529,7 +535,7 @@ mod tests {
         let (op, gate) = awaited(&h);
         h.turn();
         assert_eq!(h.reactor.ops.len(), 1);
-        h.handle.close();
+        h.handle.reactor.close();
         for _ in 0..3 {
             assert_eq!(h.turn(), Turn::Running, "the gate is still closed");
         }

@@ -87,8 +87,9 @@ use crate::lane::doorbell::Doorbell;
 use crate::lane::{Completion, IoKind, Lane, WaitHint};
 use crate::op::OpShared;
 use crate::op::ReadyPiece;
+use crate::op::engine_shared::EngineShared;
 use crate::op::gate::Gated;
-use crate::op::msg::{Msg, ReactorHandle};
+use crate::op::msg::Msg;
 use crate::op::occupancy::OccupancySampler;
 use crate::plan::Piece;
 use fence::{RangeFence, Ticket};
@@ -194,7 +195,7 @@ pub(crate) struct Reactor {
     /// sleeps, for `cfg.spin` after that while operations are open.
     last_work: Instant,
     shutdown_started: Option<Instant>,
-    engine: Arc<ReactorHandle>,
+    engine: Arc<EngineShared>,
     /// The lanes beside the main one, built by the engine from the backends present (cuFile,
     /// SPDK): each is asked once per op whether it serves it (`Lane::route`).
     side: Vec<Box<dyn Lane>>,
@@ -220,7 +221,7 @@ impl Reactor {
         rx: Receiver<Msg>,
         main: Box<dyn Lane>,
         side: Vec<Box<dyn Lane>>,
-        engine: Arc<ReactorHandle>,
+        engine: Arc<EngineShared>,
         mut cfg: ReactorConfig,
     ) -> Self {
         if !main.copies_on_kernel_workers() {
@@ -232,7 +233,7 @@ impl Reactor {
         let op_window = op_window(&arena);
         Reactor {
             rx,
-            doorbell: engine.doorbell.clone(),
+            doorbell: engine.reactor.doorbell.clone(),
             backend: main.name(),
             main: Some(main),
             slots: Slots::new(&arena),
@@ -289,6 +290,7 @@ impl Reactor {
     pub(crate) fn turn(&mut self, may_block: bool) -> std::io::Result<Turn> {
         #[cfg(test)]
         self.engine
+            .stats
             .turns
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.take_messages();
@@ -305,7 +307,7 @@ impl Reactor {
             self.enforce_shutdown_deadline();
             if self.ops.is_empty() && self.ios.is_empty() && self.gated.is_empty() {
                 debug_assert_eq!(self.side_outstanding(), 0);
-                self.occupancy.publish(&self.engine.occupancy);
+                self.occupancy.publish(&self.engine.stats.occupancy);
                 return Ok(Turn::Drained);
             }
         }
@@ -345,7 +347,7 @@ impl Reactor {
         let starved = self.pool_starved || self.stall.is_some();
         let busy = !self.ops.is_empty() || !self.ios.is_empty() || !self.gated.is_empty();
         self.occupancy.sample(
-            &self.engine.occupancy,
+            &self.engine.stats.occupancy,
             in_kernel,
             self.gated.len(),
             starved,

@@ -93,7 +93,7 @@ fn reactor_panic_fails_pending_ops_and_marks_the_engine_dead() {
             let mut bufs: Vec<Vec<u8>> = (0..16).map(|_| vec![0u8; 1 << 20]).collect();
             // Armed first: the first completion of any of these reads panics the reactor,
             // so none can finish, whatever the timing.
-            engine.shared().send(Msg::PanicAtNextCompletion);
+            engine.shared().reactor.send(Msg::PanicAtNextCompletion);
             let futs: Vec<_> = bufs
                 .iter_mut()
                 .enumerate()
@@ -133,7 +133,7 @@ fn reactor_panic_leaks_owned_buffers_in_flight() {
         rt.block_on(async {
             // Armed first: the first completion panics the reactor with the other pieces
             // of these reads (8 in the kernel at a time) still out.
-            engine.shared().send(Msg::PanicAtNextCompletion);
+            engine.shared().reactor.send(Msg::PanicAtNextCompletion);
             let futs: Vec<_> = (0..4u64)
                 .map(|i| file.read_owned(vec![0u8; 1 << 20], i << 20))
                 .collect();
@@ -221,9 +221,9 @@ fn timed_waits_without_ext_arg_use_a_timeout_sqe() {
         }
     });
     std::thread::sleep(Duration::from_millis(50));
-    let before = engine.shared().turns.load(Ordering::Relaxed);
+    let before = engine.shared().stats.turns.load(Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(200));
-    let turns = engine.shared().turns.load(Ordering::Relaxed) - before;
+    let turns = engine.shared().stats.turns.load(Ordering::Relaxed) - before;
     assert!(turns < 50, "idle reactor turned {turns} times in 200 ms");
     rt.block_on(engine.shutdown()).unwrap();
 }
@@ -264,9 +264,9 @@ fn reactor_with_only_a_leaked_op_sleeps() {
         assert!(fut.as_mut().poll(&mut cx).is_pending());
         std::mem::forget(fut);
         std::thread::sleep(Duration::from_millis(200));
-        let before = engine.shared().turns.load(Ordering::Relaxed);
+        let before = engine.shared().stats.turns.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(200));
-        let turns = engine.shared().turns.load(Ordering::Relaxed) - before;
+        let turns = engine.shared().stats.turns.load(Ordering::Relaxed) - before;
         // A 100 µs tick would turn about 2000 times in 200 ms.
         assert!(
             turns < 50,

@@ -87,7 +87,7 @@ fn a_cancelled_parked_read_finishes() {
     let parked = h.read(&file, 1 << 20, 4 * 64 * K as u64);
     h.turn();
     assert_eq!(h.pending().len(), 1);
-    h.handle.send(Msg::Cancel(parked.clone()));
+    h.handle.reactor.send(Msg::Cancel(parked.clone()));
     h.turn();
     h.complete_all();
     h.turn();
@@ -119,7 +119,7 @@ fn a_free_copy_goes_to_the_next_parked_op() {
     h.turn();
     assert_eq!(h.take_read(&first), 64 * K);
     // The second op lost its turn: cancelled before it started anything.
-    h.handle.send(Msg::Cancel(second.clone()));
+    h.handle.reactor.send(Msg::Cancel(second.clone()));
     h.turn();
     assert_eq!(h.pending().len(), 1, "the third op took the free copy");
     let mut got = 0;

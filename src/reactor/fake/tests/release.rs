@@ -30,7 +30,7 @@ fn a_late_release_never_counts_against_the_op_that_reused_its_key() {
     assert_ne!(second.op_ref(), old, "but another serial number");
     let held = h.reactor.ops[old.key].held_bytes;
     assert!(held > 0, "the later op holds slots");
-    h.handle.send(Msg::Release(old, late));
+    h.handle.reactor.send(Msg::Release(old, late));
     h.turn();
     assert_eq!(
         h.reactor.ops[old.key].held_bytes, held,
