@@ -392,7 +392,7 @@ impl Target {
         let dio = align::query(fd.as_fd())
             .map_err(|e| format!("statx: {e}"))?
             .ok_or("the filesystem reports no direct-I/O support, which cuFile needs")?;
-        // Staging slots are 4 KiB-aligned and cuFile pieces are planned on 4 KiB.
+        // DeviceStaging slots are 4 KiB-aligned and cuFile pieces are planned on 4 KiB.
         if dio.offset as usize > MIN_SLOT || dio.memory as usize > MIN_SLOT {
             return Err(format!(
                 "direct-I/O alignment (memory {}, offset {}) exceeds the 4 KiB staging granularity",

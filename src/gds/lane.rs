@@ -15,7 +15,7 @@ use cudarc::driver::CudaContext;
 use crate::error::{Context, Error};
 use crate::gds::driver::CufileCode;
 use crate::gds::driver::{Cufile, check, cufile};
-use crate::gds::pool::StagingPool;
+use crate::gds::pool::DeviceStagingPool;
 use crate::gds::sys::{
     BATCH_MODE, OP_READ, OP_WRITE, RawBatch, RawHandle, RawIoEvent, RawIoParams, STATUS_CANCELED,
     STATUS_COMPLETE, STATUS_FAILED, STATUS_INVALID, STATUS_TIMEOUT,
@@ -45,7 +45,7 @@ pub(crate) struct CufileLane {
 /// The set-up lane: its batch queue and staging pool.
 struct CufileBatch {
     queue: BatchQueue,
-    pool: Arc<StagingPool>,
+    pool: Arc<DeviceStagingPool>,
 }
 
 impl CufileLane {
@@ -59,7 +59,7 @@ impl CufileLane {
             let made = cufile().and_then(|cf| {
                 Ok(CufileBatch {
                     queue: BatchQueue::new(cf, BATCH_HANDLES),
-                    pool: Arc::new(StagingPool::new(ctx, bytes)?),
+                    pool: Arc::new(DeviceStagingPool::new(ctx, bytes)?),
                 })
             });
             match made {

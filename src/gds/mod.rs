@@ -21,7 +21,7 @@
 //!
 //! # Soundness
 //! cuFile batch I/O is not ordered on a CUDA stream, so it only ever targets the reactor's
-//! device staging pool (`StagingPool`); the future's `poll` copies staged data into
+//! device staging pool (`DeviceStagingPool`); the future's `poll` copies staged data into
 //! the caller's memory on its stream, with the same argument as host bounce slots
 //! (see [`crate::cuda`]). Stream-ordered reads (`cuFileReadAsync`) write the caller's memory
 //! directly, but only as work queued on a stream, like a kernel launch, with cudarc's event

@@ -1,4 +1,4 @@
-//! [`StagingPool`]: device memory the reactor owns and cuFile batch I/O lands in, and
+//! [`DeviceStagingPool`]: device memory the reactor owns and cuFile batch I/O lands in, and
 //! [`RegisteredBuffer`], the RAII cuFile registration of a caller's device buffer.
 //!
 //! cuFile batch reads are not ordered on any CUDA stream, so they must never target memory a
@@ -19,18 +19,18 @@ use crate::buf::{ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::cuda::{DeviceDst, DeviceSrc, Pod};
 
 /// Device memory carved into staging slots, registered with cuFile where it allows.
-pub(crate) struct StagingPool {
+pub(crate) struct DeviceStagingPool {
     ctx: Arc<CudaContext>,
     base: CUdeviceptr,
     registered: bool,
 }
 
 // SAFETY: a device pointer and a context handle; the driver API is thread-safe.
-unsafe impl Send for StagingPool {}
+unsafe impl Send for DeviceStagingPool {}
 // SAFETY: as above.
-unsafe impl Sync for StagingPool {}
+unsafe impl Sync for DeviceStagingPool {}
 
-impl StagingPool {
+impl DeviceStagingPool {
     /// Allocates `len` bytes on `ctx`'s device and registers them with cuFile (failure to
     /// register is not fatal: cuFile then stages through its own buffers, and the reason is
     /// logged).
@@ -56,7 +56,7 @@ impl StagingPool {
                 false
             }
         };
-        Ok(StagingPool {
+        Ok(DeviceStagingPool {
             ctx: ctx.clone(),
             base,
             registered,
@@ -72,7 +72,7 @@ impl StagingPool {
     }
 }
 
-impl Drop for StagingPool {
+impl Drop for DeviceStagingPool {
     fn drop(&mut self) {
         // The reactor drops the pool only once no batch I/O and no copy touches it (or leaks it).
         if self.registered

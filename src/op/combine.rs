@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::CudaStream;
 
 use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch_stage, try_read};
-use super::device::{read_copies, stageable};
+use super::device::{read_copy_specs, stageable};
 use super::engine_shared::EngineShared;
 use super::gate::Gated;
 use super::msg::Msg;
@@ -242,7 +242,7 @@ impl CopyCombiner {
         for c in pending {
             c.arena.ensure_pinned(ctx);
             let staging = c.shared.staging.get();
-            read_copies(
+            read_copy_specs(
                 &c.pieces,
                 &c.arena,
                 staging,
@@ -259,7 +259,7 @@ impl CopyCombiner {
         // SAFETY: each source lies inside a bounce or staging slot the read's op owns until
         // the reactor sees the event recorded below complete (its slots go back only behind
         // it, or are abandoned); each destination lies inside that read's range of the
-        // batch's destination (`read_copies` clips to it), which the batch holds exclusively
+        // batch's destination (`read_copy_specs` clips to it), which the batch holds exclusively
         // and whose runs are disjoint; `stream` is the destination's live stream, its context
         // bound above.
         unsafe { copylist::queue(stream.cu_stream(), &copies) }?;

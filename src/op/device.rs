@@ -9,7 +9,7 @@ use super::combine::{Combine, Combined};
 use super::future::Transfer;
 use super::gate::Gated;
 use super::msg::Msg;
-use super::{OpShared, ReadyPiece, ReadyPieces, Staging};
+use super::{DeviceStaging, OpShared, ReadyPiece, ReadyPieces};
 use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
@@ -35,7 +35,7 @@ pub fn small_reads_released_early() -> u64 {
 /// event the reactor polls before reusing the slots. When the copies ran on another stream, the
 /// memory's own stream also waits for that event, so whatever is queued there later (cudarc
 /// frees a buffer on its own stream) follows the copies even where cudarc tracks no events.
-fn queue_copies(
+fn queue_device_copies(
     arena: &BounceArena,
     chosen: Option<&Arc<CudaStream>>,
     own: &Arc<CudaStream>,
@@ -80,7 +80,7 @@ impl std::fmt::Display for CopyError {
 }
 
 /// The device address of a piece's staging slot, for pieces cuFile moved (`None`: host slot).
-fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, CopyError> {
+fn staged(staging: Option<&DeviceStaging>, p: &ReadyPiece) -> Result<Option<u64>, CopyError> {
     if !p.slot.on_device {
         return Ok(None);
     }
@@ -94,10 +94,10 @@ fn staged(staging: Option<&Staging>, p: &ReadyPiece) -> Result<Option<u64>, Copy
 /// host bounce slot or device staging slot. The destinations are disjoint, as batched copies
 /// need: an op's pieces cover disjoint file ranges (a short read is resubmitted into its own
 /// slot), and the runs of a batch are disjoint ranges of its buffer (the plan refuses overlap).
-pub(super) fn read_copies(
+pub(super) fn read_copy_specs(
     pieces: &[ReadyPiece],
     arena: &BounceArena,
-    staging: Option<&Staging>,
+    staging: Option<&DeviceStaging>,
     dptr: u64,
     offset: u64,
     len: usize,
@@ -262,7 +262,7 @@ impl DeviceCopyOut<'_> {
         let mut copies = Vec::with_capacity(pieces.len());
         // Host slots only (checked above), so no staging pool is consulted and this cannot
         // fail; were it to, the copies are left to the caller.
-        if read_copies(&pieces, arena, None, dptr, offset, len, &mut copies).is_err() {
+        if read_copy_specs(&pieces, arena, None, dptr, offset, len, &mut copies).is_err() {
             return Err(pieces);
         }
         let queued = side::queue_in_order(&stream, |raw| {
@@ -271,7 +271,7 @@ impl DeviceCopyOut<'_> {
             // host bounce slot this future holds until the Release below, which
             // `queue_staged` has finished reading when it returns (however it returns, unless
             // a stream's synchronisation itself failed: then the slots are abandoned below);
-            // each destination lies inside the device buffer (`read_copies` clips to `len`),
+            // each destination lies inside the device buffer (`read_copy_specs` clips to `len`),
             // whose pointer cudarc gave us for writing on `stream`, and an op's pieces cover
             // disjoint ranges.
             unsafe { copylist::queue_staged(raw, &copies) }
@@ -343,7 +343,7 @@ impl Transfer for DeviceCopyOut<'_> {
         };
         let staging = shared.staging.get();
         let dst = &mut *self.dst;
-        let issued = queue_copies(arena, self.stream.as_ref(), &own, |stream| {
+        let issued = queue_device_copies(arena, self.stream.as_ref(), &own, |stream| {
             let (dptr, write_guard) = dst.write_ptr(stream);
             // One call per piece, each the typed copy for its source: a read's pieces are few
             // and large, or one small one (batches of small reads go through `combine`).
@@ -446,7 +446,7 @@ impl Transfer for DeviceFill<'_> {
     ) -> Option<Msg> {
         let (offset, src) = (self.offset, self.src);
         let staging = shared.staging.get();
-        let issued = queue_copies(arena, self.stream.as_ref(), src.own_stream(), |stream| {
+        let issued = queue_device_copies(arena, self.stream.as_ref(), src.own_stream(), |stream| {
             let (sptr, read_guard) = src.read_ptr(stream);
             for p in &pieces {
                 let from = p.piece.pos - offset;

@@ -77,7 +77,7 @@ pub(crate) struct NoTransfer;
 
 impl Transfer for NoTransfer {}
 
-enum Stage {
+enum Progress {
     /// Not yet sent to the reactor (futures are lazy).
     Unsent(Msg),
     /// Sent; waiting for pieces and the result.
@@ -94,7 +94,7 @@ const MAX_ROUNDS_PER_POLL: usize = 8;
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
     engine: Arc<EngineShared>,
-    stage: Stage,
+    progress: Progress,
     transfer: T,
     op: OpKind,
 }
@@ -112,14 +112,14 @@ impl<T: Transfer> OpFuture<T> {
 
     /// Whether the op has not gone to the reactor yet (and is not finished already).
     pub(crate) fn is_unsent(&self) -> bool {
-        matches!(self.stage, Stage::Unsent(_))
+        matches!(self.progress, Progress::Unsent(_))
     }
 
     /// Ends an op that was served without the reactor: it is never sent, and a later poll
     /// reports the misuse instead of starting it.
     pub(crate) fn finish_unsent(&mut self) {
         debug_assert!(self.is_unsent());
-        self.stage = Stage::Done;
+        self.progress = Progress::Done;
     }
 
     /// A future for `req`, sent on first poll.
@@ -141,7 +141,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            stage: Stage::Unsent(msg),
+            progress: Progress::Unsent(msg),
             transfer,
             op,
         }
@@ -158,7 +158,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            stage: Stage::Running(shared),
+            progress: Progress::Running(shared),
             transfer,
             op,
         }
@@ -173,7 +173,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            stage: Stage::Ready(r),
+            progress: Progress::Ready(r),
             transfer,
             op,
         }
@@ -185,8 +185,9 @@ impl<T: Transfer> Future for OpFuture<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<u64>> {
         let this = &mut *self;
-        if let Stage::Unsent(_) = this.stage {
-            let Stage::Unsent(mut msg) = std::mem::replace(&mut this.stage, Stage::Done) else {
+        if let Progress::Unsent(_) = this.progress {
+            let Progress::Unsent(mut msg) = std::mem::replace(&mut this.progress, Progress::Done)
+            else {
                 unreachable!()
             };
             let shared = OpShared::new();
@@ -201,23 +202,24 @@ impl<T: Transfer> Future for OpFuture<T> {
             // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes
             // its op with `Error::Shutdown`, so the loop below returns instead of hanging.
             this.engine.reactor.send(msg);
-            this.stage = Stage::Running(shared);
+            this.progress = Progress::Running(shared);
         }
-        let shared = match &this.stage {
-            Stage::Running(s) => s.clone(),
-            Stage::Ready(_) => {
-                let Stage::Ready(r) = std::mem::replace(&mut this.stage, Stage::Done) else {
+        let shared = match &this.progress {
+            Progress::Running(s) => s.clone(),
+            Progress::Ready(_) => {
+                let Progress::Ready(r) = std::mem::replace(&mut this.progress, Progress::Done)
+                else {
                     unreachable!()
                 };
                 return Poll::Ready(r);
             }
-            Stage::Done => {
+            Progress::Done => {
                 return Poll::Ready(Err(Error::invalid(
                     Context::op(this.op),
                     "future polled after it completed",
                 )));
             }
-            Stage::Unsent(_) => unreachable!(),
+            Progress::Unsent(_) => unreachable!(),
         };
         // A busy op could keep one poll copying for as long as the reactor feeds it; yield to
         // the executor after a few rounds so other tasks on this thread get their turn.
@@ -242,13 +244,13 @@ impl<T: Transfer> Future for OpFuture<T> {
                 if let Some(e) = this.transfer.take_error() {
                     // Stop the op; whatever it still holds comes back through the reactor.
                     this.engine.reactor.send(Msg::Cancel(shared.clone()));
-                    this.stage = Stage::Done;
+                    this.progress = Progress::Done;
                     return Poll::Ready(Err(e));
                 }
             }
             if let Some(r) = result {
                 this.transfer.finish(&shared);
-                this.stage = Stage::Done;
+                this.progress = Progress::Done;
                 return Poll::Ready(r);
             }
         }
@@ -259,7 +261,7 @@ impl<T: Transfer> Future for OpFuture<T> {
 
 impl<T: Transfer> Drop for OpFuture<T> {
     fn drop(&mut self) {
-        if let Stage::Running(shared) = &self.stage {
+        if let Progress::Running(shared) = &self.progress {
             // Dropped mid-flight: the reactor stops starting pieces and reclaims slots. In-flight
             // I/O only ever targets bounce slots, so nothing waits for it here.
             self.engine.reactor.send(Msg::Cancel(shared.clone()));

@@ -68,7 +68,7 @@ pub(crate) type SlotList = smallvec::SmallVec<[BounceSlot; 2]>;
 /// The device staging memory an op's cuFile pieces land in: its base address, and the pool
 /// itself, kept alive by whatever gated copy still reads it.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) struct Staging {
+pub(crate) struct DeviceStaging {
     pub(crate) base: u64,
     pub(crate) keep: Arc<dyn std::any::Any + Send + Sync>,
 }
@@ -104,7 +104,7 @@ pub(crate) struct OpShared {
     state: Mutex<OpState>,
     /// The device staging pool, for ops whose pieces cuFile moves (set by the reactor before
     /// it hands over any device slot; never set without CUDA).
-    pub(crate) staging: std::sync::OnceLock<Staging>,
+    pub(crate) staging: std::sync::OnceLock<DeviceStaging>,
 }
 
 impl OpShared {
@@ -137,14 +137,14 @@ impl OpShared {
 
     /// Reactor: hand a piece to the future. Wakes it if it was waiting.
     pub(crate) fn push_ready(&self, p: ReadyPiece) {
-        drop(self.stage_ready(p));
+        drop(self.hand_ready(p));
     }
 
     /// Reactor: hand a piece to the future, which is woken when the returned value is dropped,
     /// once the caller has settled the op's state. When the piece is the op's last, waking
     /// after the result is set too means one wake instead of two (a future woken for the piece
     /// alone would find no result, wait again, and need a second wake from another thread).
-    pub(crate) fn stage_ready(&self, p: ReadyPiece) -> DeferredWake {
+    pub(crate) fn hand_ready(&self, p: ReadyPiece) -> DeferredWake {
         let mut st = self.lock();
         st.ready.push(p);
         DeferredWake(st.waker.take())

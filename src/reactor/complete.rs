@@ -81,7 +81,7 @@ impl Reactor {
                     slot,
                 };
                 // Woken after `maybe_finish`, which sets the result if this was the last piece.
-                let _wake = op.shared.stage_ready(ready);
+                let _wake = op.shared.hand_ready(ready);
                 self.maybe_finish(key);
                 return;
             } else {

@@ -14,7 +14,7 @@
 //! A future sends `Msg::Submit` through an MPSC queue and rings the eventfd doorbell if the
 //! reactor sleeps. The reactor plans the request into chunk pieces (`crate::plan`),
 //! gives each piece a bounce slot and submits it, up to the queue depth. When a piece
-//! completes, the slot is handed to the future (`OpShared::stage_ready`) and its waker woken,
+//! completes, the slot is handed to the future (`OpShared::hand_ready`) and its waker woken,
 //! once, after the op's result is set where that was its last piece; the future's `poll`
 //! copies the bytes into the caller's buffer and sends the slot back (`Msg::Release`, naming
 //! the op by `OpRef`). Nothing on this path allocates for a one- or two-piece read. Writes
@@ -113,7 +113,7 @@ struct InflightIo {
     ticket: Option<Ticket>,
     /// A read the page cache serves on an io-wq worker, counted against
     /// `ReactorConfig::page_cache_copies`.
-    copy: bool,
+    page_cache_copy: bool,
     /// The side lane the piece was last pushed to (`Reactor::side`), `None`: the main lane.
     lane: Option<usize>,
 }
@@ -164,10 +164,10 @@ pub(crate) struct Reactor {
     /// Pieces (tokens in `ios`) started but held back by the fence, oldest first.
     fenced: VecDeque<usize>,
     /// Reads in `ios` that io-wq copies out of the page cache (`InflightIo::copy`).
-    copies_in_flight: usize,
+    page_cache_copies_in_flight: usize,
     /// Ops out of the run queue until a page-cache copy ends, oldest first
-    /// (`OpEntry::copy_parked`; a key whose op has finished since, or was replaced, is skipped).
-    copy_parked: VecDeque<usize>,
+    /// (`OpEntry::page_cache_parked`; a key whose op has finished since, or was replaced, is skipped).
+    page_cache_parked: VecDeque<usize>,
     /// Ops out of the run queue because of the window (they wait for their slots to return).
     window_blocked_ops: usize,
     /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
@@ -244,8 +244,8 @@ impl Reactor {
             to_submit: VecDeque::new(),
             fence: RangeFence::default(),
             fenced: VecDeque::new(),
-            copies_in_flight: 0,
-            copy_parked: VecDeque::new(),
+            page_cache_copies_in_flight: 0,
+            page_cache_parked: VecDeque::new(),
             op_window,
             window_blocked_ops: 0,
             cfg,

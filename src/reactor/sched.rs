@@ -64,15 +64,15 @@ impl Reactor {
 
     /// Whether a copy is free and an op waits for one (stale keys at the front are dropped).
     fn may_wake_parked(&mut self) -> bool {
-        while let Some(&key) = self.copy_parked.front() {
+        while let Some(&key) = self.page_cache_parked.front() {
             if self
                 .ops
                 .get(key)
-                .is_some_and(|op| op.queue == Queue::CopyParked)
+                .is_some_and(|op| op.queue == Queue::PageCacheParked)
             {
-                return self.copies_in_flight < self.cfg.page_cache_copies;
+                return self.page_cache_copies_in_flight < self.cfg.page_cache_copies;
             }
-            self.copy_parked.pop_front();
+            self.page_cache_parked.pop_front();
         }
         false
     }
@@ -82,9 +82,9 @@ impl Reactor {
         let mut free = self
             .cfg
             .page_cache_copies
-            .saturating_sub(self.copies_in_flight);
+            .saturating_sub(self.page_cache_copies_in_flight);
         while free > 0 && self.may_wake_parked() {
-            let Some(key) = self.copy_parked.pop_front() else {
+            let Some(key) = self.page_cache_parked.pop_front() else {
                 break;
             };
             self.ops[key].queue = Queue::Runnable;
@@ -141,15 +141,15 @@ impl Reactor {
             if !room {
                 break;
             }
-            let on_device = op.staged() && piece.via == Via::Main;
-            if self.copies_in_flight >= self.cfg.page_cache_copies
+            let on_device = op.device_staged() && piece.via == Via::Main;
+            if self.page_cache_copies_in_flight >= self.cfg.page_cache_copies
                 && page_cache_copy(self.cfg.punt_min, &op.file, &piece, op.kind, on_device)
             {
                 // Every page-cache copy is taken: this op waits for one to end, and ops
                 // behind it (small reads, direct ones) go on.
-                op.queue = Queue::CopyParked;
+                op.queue = Queue::PageCacheParked;
                 self.runnable.pop_front();
-                self.copy_parked.push_back(key);
+                self.page_cache_parked.push_back(key);
                 continue;
             }
             let slot = if op.kind == OpKind::Sync || op.owned.is_some() {
@@ -245,7 +245,7 @@ impl Reactor {
         });
         let blocked = ticket.as_ref().is_some_and(|t| self.fence.blocked(t));
         // Owned reads (no slot) copy out of the page cache too; cuFile's staging slots do not.
-        let copy = kind == IoKind::Read
+        let by_copy = kind == IoKind::Read
             && page_cache_copy(
                 self.cfg.punt_min,
                 &op.file,
@@ -253,7 +253,7 @@ impl Reactor {
                 op.kind,
                 slot.as_ref().is_some_and(|s| s.on_device),
             );
-        self.copies_in_flight += usize::from(copy);
+        self.page_cache_copies_in_flight += usize::from(by_copy);
         let token = self.ios.insert(InflightIo {
             op: key,
             kind,
@@ -261,7 +261,7 @@ impl Reactor {
             slot,
             done: 0,
             ticket,
-            copy,
+            page_cache_copy: by_copy,
             lane: None,
         });
         if blocked {
@@ -302,7 +302,7 @@ impl Reactor {
             self.fence.release(t);
         }
         // A parked op takes the freed copy at the next `schedule`.
-        self.copies_in_flight -= usize::from(io.copy);
+        self.page_cache_copies_in_flight -= usize::from(io.page_cache_copy);
         io
     }
 

@@ -170,7 +170,7 @@ impl Reactor {
             if op.kind == OpKind::Sync
                 || op.owned.is_some()
                 || op.stopped()
-                || op.staged() != on_device
+                || op.device_staged() != on_device
             {
                 continue;
             }

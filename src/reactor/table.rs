@@ -14,7 +14,7 @@ use crate::lane::{Route, RouteAsk, Routed};
 use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::request::{DeviceCtx, OpRequest, OwnedTarget};
-use crate::op::{OpRef, OpShared, Staging};
+use crate::op::{DeviceStaging, OpRef, OpShared};
 use crate::plan::{Piece, ReadPlan, Via, WritePlan, residency};
 use crate::target::Target;
 
@@ -68,7 +68,7 @@ pub(super) struct SideRoute {
 }
 
 /// Where an op waits to start its next piece: one of the reactor's queues, or none. One field
-/// instead of three flags (`in_runnable`, `window_blocked`, `copy_parked`), so an op is never
+/// instead of three flags (`in_runnable`, `window_blocked`, `page_cache_parked`), so an op is never
 /// in two of them at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Queue {
@@ -77,8 +77,8 @@ pub(super) enum Queue {
     /// Out of the run queue until `held_bytes` drops below the per-op window (counted in
     /// `Reactor::window_blocked_ops`); `uncount_op_slot` puts it back.
     WindowBlocked,
-    /// In `Reactor::copy_parked` until a page-cache copy frees up.
-    CopyParked,
+    /// In `Reactor::page_cache_parked` until a page-cache copy frees up.
+    PageCacheParked,
     /// In no queue: every piece started, or none to start (an awaited op).
     Idle,
 }
@@ -220,7 +220,7 @@ impl OpEntry {
     }
 
     /// Whether the op's main pieces move through its side lane's device staging memory.
-    pub(super) fn staged(&self) -> bool {
+    pub(super) fn device_staged(&self) -> bool {
         self.side.is_some_and(|r| r.staged)
     }
 
@@ -516,7 +516,7 @@ impl Reactor {
                     if let Some((base, keep)) = &route.staging {
                         let (block, blocks) = ask.pool_shape;
                         self.slots.ensure_device(block, blocks);
-                        let _ = shared.staging.set(Staging {
+                        let _ = shared.staging.set(DeviceStaging {
                             base: *base,
                             keep: keep.clone(),
                         });
@@ -609,8 +609,8 @@ impl Reactor {
         match op.queue {
             Queue::WindowBlocked => self.window_blocked_ops -= 1,
             Queue::Runnable => self.runnable.retain(|&k| k != key),
-            // A stale key in `copy_parked` is skipped there (its op is gone or not parked).
-            Queue::CopyParked | Queue::Idle => {}
+            // A stale key in `page_cache_parked` is skipped there (its op is gone or not parked).
+            Queue::PageCacheParked | Queue::Idle => {}
         }
         if let Some(o) = op.owned.take() {
             // Nothing of the op is in the kernel any more: the buffer may go back (or, for a

@@ -29,7 +29,7 @@ use crate::spdk::sys::RawCpl;
 
 /// What one command does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stage {
+enum Opcode {
     Read,
     Write,
     Flush,
@@ -42,7 +42,7 @@ enum Stage {
 /// A command on its way through SPDK. Boxed; its pointer is the callback argument.
 struct Cmd {
     token: u64,
-    stage: Stage,
+    opcode: Opcode,
     /// Slot memory (reads: destination; writes: source), `len` bytes at file position `pos`.
     buf: *mut u8,
     pos: u64,
@@ -204,11 +204,11 @@ impl SpdkLane {
             len,
         } = io;
         let q = self.queue_of(ns);
-        let stage = match kind {
-            IoKind::Read => Stage::Read,
-            IoKind::Fsync => Stage::Flush,
-            IoKind::Write if partial => Stage::RmwRead,
-            IoKind::Write => Stage::Write,
+        let opcode = match kind {
+            IoKind::Read => Opcode::Read,
+            IoKind::Fsync => Opcode::Flush,
+            IoKind::Write if partial => Opcode::RmwRead,
+            IoKind::Write => Opcode::Write,
         };
         let mut len = len;
         if kind == IoKind::Read {
@@ -227,14 +227,14 @@ impl SpdkLane {
         }
         let cmd = Box::new(Cmd {
             token,
-            stage,
+            opcode,
             buf,
             pos,
             len,
             rmw: None,
             queue: q,
         });
-        if stage == Stage::RmwRead {
+        if opcode == Opcode::RmwRead {
             self.start_rmw(cmd);
         } else {
             self.issue(cmd);
@@ -303,8 +303,8 @@ impl SpdkLane {
         let Some(qp) = q.qpair.as_mut() else {
             return Err((cmd, -libc::ENOTCONN));
         };
-        let (buf, lba, count) = match (cmd.stage, &cmd.rmw) {
-            (Stage::RmwRead | Stage::RmwWrite, Some(r)) => {
+        let (buf, lba, count) = match (cmd.opcode, &cmd.rmw) {
+            (Opcode::RmwRead | Opcode::RmwWrite, Some(r)) => {
                 let (first, count) = cmd.rmw_span(sector);
                 (r.as_ptr(), first, count as u32)
             }
@@ -314,7 +314,7 @@ impl SpdkLane {
                 (cmd.len as u64).div_ceil(sector) as u32,
             ),
         };
-        let stage = cmd.stage;
+        let opcode = cmd.opcode;
         let arg = Box::into_raw(cmd).cast::<c_void>();
         // SAFETY: `ns` and the qpair belong to the same attached controller (the queue holds
         // both); the qpair is used only on this thread; `buf` points to at least
@@ -322,11 +322,11 @@ impl SpdkLane {
         // and aligned for the sector, or the RMW sector buffer); `arg` is reclaimed exactly
         // once, by the callback, or below when SPDK refuses the command.
         let rc = unsafe {
-            match stage {
-                Stage::Flush => (lib.spdk_nvme_ns_cmd_flush)(ns, qp.raw(), on_complete, arg),
+            match opcode {
+                Opcode::Flush => (lib.spdk_nvme_ns_cmd_flush)(ns, qp.raw(), on_complete, arg),
                 _ => {
-                    let cmd = match stage {
-                        Stage::Read | Stage::RmwRead => lib.spdk_nvme_ns_cmd_read,
+                    let cmd = match opcode {
+                        Opcode::Read | Opcode::RmwRead => lib.spdk_nvme_ns_cmd_read,
                         _ => lib.spdk_nvme_ns_cmd_write,
                     };
                     cmd(ns, qp.raw(), buf.cast(), lba, count, on_complete, arg, 0)
@@ -408,8 +408,8 @@ impl SpdkLane {
 
     /// Ends a command with `res` (bytes or negative errno), following up a read-modify-write.
     fn finish(&mut self, mut cmd: Box<Cmd>, res: i32) {
-        match cmd.stage {
-            Stage::RmwRead if res >= 0 => {
+        match cmd.opcode {
+            Opcode::RmwRead if res >= 0 => {
                 let sector = self.queues[cmd.queue].ns.sector;
                 let (first, count) = cmd.rmw_span(sector);
                 let at = (cmd.pos - first * sector) as usize;
@@ -423,10 +423,10 @@ impl SpdkLane {
                 // bytes of the caller's data in a slot the reactor owns until this command
                 // completes.
                 unsafe { std::ptr::copy_nonoverlapping(cmd.buf, r.as_ptr().add(at), cmd.len) };
-                cmd.stage = Stage::RmwWrite;
+                cmd.opcode = Opcode::RmwWrite;
                 self.issue(cmd);
             }
-            Stage::RmwRead | Stage::RmwWrite => {
+            Opcode::RmwRead | Opcode::RmwWrite => {
                 let q = &mut self.queues[cmd.queue];
                 let (first, count) = cmd.rmw_span(q.ns.sector);
                 for l in first..first + count {
@@ -444,9 +444,9 @@ impl SpdkLane {
                     self.start_rmw(n);
                 }
             }
-            Stage::Read | Stage::Write | Stage::Flush => self.ready.push(Completion {
+            Opcode::Read | Opcode::Write | Opcode::Flush => self.ready.push(Completion {
                 token: cmd.token,
-                res: if res >= 0 && cmd.stage != Stage::Flush {
+                res: if res >= 0 && cmd.opcode != Opcode::Flush {
                     cmd.len as i32
                 } else if res >= 0 {
                     0

@@ -38,8 +38,8 @@ fn page_cache_copies_are_capped_and_others_go_on() {
     assert_eq!(h.take_read(&small), 4 * K);
     h.turn();
     assert_eq!(small.peek_result(), Some(Ok(4 * K as u64)));
-    assert_eq!(h.reactor.copies_in_flight, 0);
-    assert!(h.reactor.copy_parked.is_empty());
+    assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
+    assert!(h.reactor.page_cache_parked.is_empty());
 }
 
 /// Three large reads with one page-cache copy allowed: each ended copy wakes one parked
@@ -71,7 +71,7 @@ fn parked_reads_take_turns_and_all_finish() {
         assert_eq!(r.peek_result(), Some(Ok(4 * 64 * K as u64)));
     }
     h.turn();
-    assert_eq!(h.reactor.copies_in_flight, 0);
+    assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
     assert_eq!(h.slots_in_use(), 0);
 }
 
@@ -134,5 +134,5 @@ fn a_free_copy_goes_to_the_next_parked_op() {
     }
     assert_eq!(got, 2 * 64 * K);
     assert_eq!(third.peek_result(), Some(Ok(2 * 64 * K as u64)));
-    assert_eq!(h.reactor.copies_in_flight, 0);
+    assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
 }
