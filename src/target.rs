@@ -351,7 +351,7 @@ impl Target {
             );
         }
         let r = self.gds.get_or_init(|| {
-            let compat = !crate::gds::driver::nvidia_fs_loaded();
+            let compat = !crate::gds::result::nvidia_fs_loaded();
             let r = if mode == GdsMode::Auto && compat && !compat_allowed {
                 // Compatibility-mode cuFile does what the bounce path does (POSIX reads, host
                 // copies), slower in every measurement (EngineBuilder::cufile_compat).

@@ -397,7 +397,7 @@ impl EngineBuilder {
         }
         if self.backend == Backend::Gds {
             #[cfg(feature = "cuda")]
-            crate::gds::driver::cufile()
+            crate::gds::result::cufile()
                 .map_err(|why| Error::unsupported(ctx().with_backend("cufile"), why))?;
             #[cfg(not(feature = "cuda"))]
             return Err(Error::unsupported(

@@ -2,8 +2,8 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::driver::{CufileCode, check, cufile};
-use super::sys::{HANDLE_TYPE_FD, RawDescr, RawHandle};
+use super::result::{CufileCode, cufile};
+use super::sys::RawHandle;
 
 /// A cuFile registration of an O_DIRECT descriptor it owns. Kept alive (inside the file) by
 /// every operation until that operation's I/O has completed, so deregistration never races
@@ -51,16 +51,9 @@ impl GdsHandle {
     /// Registers `fd` (opened with O_DIRECT) with cuFile.
     pub(crate) fn register(fd: OwnedFd) -> Result<Self, RegisterError> {
         let cf = cufile().map_err(RegisterError::Unavailable)?;
-        let mut descr = RawDescr {
-            kind: HANDLE_TYPE_FD,
-            handle: fd.as_raw_fd() as usize,
-            fs_ops: std::ptr::null(),
-        };
-        let mut raw: RawHandle = std::ptr::null_mut();
-        // SAFETY: `descr` describes an open descriptor that outlives the registration (it is
-        // moved into the handle and closed only after deregistration); `raw` is writable.
-        check(unsafe { (cf.lib.cuFileHandleRegister)(&mut raw, &mut descr) })
-            .map_err(RegisterError::Refused)?;
+        // SAFETY: the descriptor outlives the registration: it is moved into the handle and
+        // closed only after deregistration.
+        let raw = unsafe { cf.handle_register(fd.as_raw_fd()) }.map_err(RegisterError::Refused)?;
         Ok(GdsHandle { raw, _fd: fd })
     }
 
@@ -75,7 +68,7 @@ impl Drop for GdsHandle {
             // SAFETY: `raw` was registered by `register` and is deregistered only here; no I/O
             // uses it any more (every op holds the file, hence this handle, until its I/O is
             // done). The descriptor closes after this, when `_fd` drops.
-            unsafe { (cf.lib.cuFileHandleDeregister)(self.raw) };
+            unsafe { cf.handle_deregister(self.raw) };
         }
     }
 }

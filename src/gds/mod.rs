@@ -28,10 +28,11 @@
 //! recorded behind it; their size/offset/result parameters live in the reactor until the
 //! stream has passed them.
 
-pub(crate) mod driver;
+pub(crate) mod batch;
 pub(crate) mod handle;
 pub(crate) mod lane;
 pub(crate) mod pool;
+pub(crate) mod result;
 pub(crate) mod sys;
 
 use std::sync::Mutex;
@@ -97,7 +98,7 @@ impl FileGds {
         FileGds {
             handle,
             align,
-            compat: !driver::nvidia_fs_loaded(),
+            compat: !result::nvidia_fs_loaded(),
             forced,
             broken: AtomicBool::new(false),
             reason: Mutex::new(None),
@@ -155,21 +156,16 @@ pub struct GdsProbe {
 /// Looks for libcufile, opens its driver (once per process) and checks the platform pieces.
 pub fn probe() -> GdsProbe {
     let library = sys::load().map(|l| {
-        let v = l.cuFileGetVersion.and_then(|f| {
-            let mut v = 0;
-            // SAFETY: cuFileGetVersion(int*) with a valid int.
-            driver::check(unsafe { f(&mut v) }).ok().map(|_| v)
-        });
-        match v {
+        match result::version(&l) {
             Some(v) => format!("{} (version {}.{})", l.soname, v / 1000, (v % 1000) / 10),
             None => l.soname.clone(),
         }
     });
-    let driver = driver::cufile().map(|_| ());
+    let driver = result::cufile().map(|_| ());
     GdsProbe {
         library,
         driver,
-        nvidia_fs: driver::nvidia_fs_loaded(),
+        nvidia_fs: result::nvidia_fs_loaded(),
         udev_data: std::fs::read_dir("/run/udev/data").is_ok(),
     }
 }

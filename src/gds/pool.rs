@@ -8,12 +8,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self as cu, CUdeviceptr};
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, SyncOnDrop,
 };
 
-use super::driver::{CufileCode, check, cufile};
+use super::result::{CufileCode, cufile};
 use crate::buf::sealed::Sealed;
 use crate::buf::{ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::cuda::{DeviceDst, DeviceSrc, Pod};
@@ -36,20 +36,13 @@ impl DeviceStagingPool {
     /// logged).
     pub(crate) fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<Self, String> {
         ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
-        let mut base: CUdeviceptr = 0;
-        // SAFETY: `base` is writable; the context is bound to this thread.
-        let rc = unsafe { cu::cuMemAlloc_v2(&mut base, len) };
-        if rc != cu::CUresult::CUDA_SUCCESS {
-            return Err(format!(
-                "cuMemAlloc of {len} bytes for the staging pool: {rc:?}"
-            ));
-        }
+        // SAFETY: the context is bound to this thread.
+        let base = unsafe { cudarc::driver::result::malloc_sync(len) }
+            .map_err(|e| format!("cuMemAlloc of {len} bytes for the staging pool: {e:?}"))?;
         let cf = cufile()?;
         // SAFETY: [base, base + len) is device memory we just allocated and free only after
         // deregistering it (Drop).
-        let registered = match check(unsafe {
-            (cf.lib.cuFileBufRegister)(base as *const _, len, 0)
-        }) {
+        let registered = match unsafe { cf.buf_register(base, len) } {
             Ok(()) => true,
             Err(code) => {
                 tracing::warn!(%code, "cuFileBufRegister of the staging pool failed; unregistered");
@@ -79,11 +72,11 @@ impl Drop for DeviceStagingPool {
             && let Ok(cf) = cufile()
         {
             // SAFETY: registered in `new`, deregistered once here.
-            let _ = unsafe { (cf.lib.cuFileBufDeregister)(self.base as *const _) };
+            let _ = unsafe { cf.buf_deregister(self.base) };
         }
         if self.ctx.bind_to_thread().is_ok() {
             // SAFETY: allocated in `new`; nothing uses it any more (see above).
-            let _ = unsafe { cu::cuMemFree_v2(self.base) };
+            let _ = unsafe { cudarc::driver::result::free_sync(self.base) };
         }
     }
 }
@@ -140,7 +133,7 @@ impl<T: Pod> RegisteredBuffer<T> {
         };
         // SAFETY: [ptr, ptr + len) is the slice's allocation, which outlives the registration
         // (deregistered in Drop or `into_inner` before the slice can be freed).
-        check(unsafe { (cf.lib.cuFileBufRegister)(ptr as *const _, len, 0) })
+        unsafe { cf.buf_register(ptr, len) }
             .map_err(|c: CufileCode| Error::cuda_msg(ctx(), format!("cuFileBufRegister: {c}")))?;
         Ok(RegisteredBuffer {
             slice,
@@ -176,7 +169,7 @@ impl<T: Pod> RegisteredBuffer<T> {
     fn deregister(&mut self) {
         if let (Some(ptr), Ok(cf)) = (self.registered.take(), cufile()) {
             // SAFETY: `ptr` was registered in `new` and is deregistered once (just taken).
-            let _ = unsafe { (cf.lib.cuFileBufDeregister)(ptr as *const _) };
+            let _ = unsafe { cf.buf_deregister(ptr) };
         }
     }
 }

@@ -18,17 +18,8 @@ use super::msg::{Awaited, Msg, SubmitMsg};
 use super::request::OpRequest;
 use crate::cuda::event::EventGate;
 use crate::error::{Context, Error, OpKind, Result};
-use crate::gds::driver::{CufileCode, check, cufile};
+use crate::gds::result::{CufileCode, StreamParams, cufile};
 use crate::target::Target;
-
-/// What cuFile reads and writes while the stream runs the operation.
-#[allow(dead_code)] // the offsets are read by cuFile through the pointers handed to it
-pub(crate) struct StreamParams {
-    size: usize,
-    file_offset: i64,
-    buf_offset: i64,
-    bytes_done: isize,
-}
 
 /// A finished stream operation, handed to the reactor behind its event.
 pub(crate) struct StreamDone {
@@ -125,27 +116,20 @@ pub(crate) unsafe fn enqueue(
         buf_offset: 0,
         bytes_done: 0,
     });
-    let f = if write {
-        cf.lib.cuFileWriteAsync
-    } else {
-        cf.lib.cuFileReadAsync
-    };
     let p: *mut StreamParams = &mut *params;
     // SAFETY: the handle is registered (held by `file`, which the completion message keeps
     // alive); the device range is valid per this function's contract; the parameter block is
     // heap memory that lives until the event behind the operation completes (or is leaked).
     let rc = unsafe {
-        f(
+        cf.stream_io(
+            write,
             gds.handle.raw(),
-            dptr as *mut _,
-            &raw mut (*p).size,
-            &raw mut (*p).file_offset,
-            &raw mut (*p).buf_offset,
-            &raw mut (*p).bytes_done,
+            dptr,
+            p,
             stream.cu_stream() as *mut _,
         )
     };
-    check(rc).map_err(|c| Error::cuda_msg(ctx(), format!("cuFile stream I/O: {c}")))?;
+    rc.map_err(|c| Error::cuda_msg(ctx(), format!("cuFile stream I/O: {c}")))?;
     let done = StreamDone {
         params,
         file: file.clone(),
