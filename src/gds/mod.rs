@@ -155,11 +155,9 @@ pub struct GdsProbe {
 
 /// Looks for libcufile, opens its driver (once per process) and checks the platform pieces.
 pub fn probe() -> GdsProbe {
-    let library = sys::load().map(|l| {
-        match result::version(&l) {
-            Some(v) => format!("{} (version {}.{})", l.soname, v / 1000, (v % 1000) / 10),
-            None => l.soname.clone(),
-        }
+    let library = sys::load().map(|l| match result::version(&l) {
+        Some(v) => format!("{} (version {}.{})", l.soname, v / 1000, (v % 1000) / 10),
+        None => l.soname.clone(),
     });
     let driver = result::cufile().map(|_| ());
     GdsProbe {

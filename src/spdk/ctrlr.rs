@@ -303,10 +303,6 @@ impl Controller {
         }
         Ok(())
     }
-
-    pub(crate) fn lib(&self) -> &'static sys::SpdkLib {
-        &self.spdk.lib
-    }
 }
 
 impl Drop for Controller {
@@ -338,10 +334,6 @@ unsafe impl Send for Namespace {}
 unsafe impl Sync for Namespace {}
 
 impl Namespace {
-    pub(crate) fn raw(&self) -> *mut c_void {
-        self.ptr.as_ptr()
-    }
-
     /// Bytes per command for an engine whose chunk size is `chunk`: a whole number of sectors,
     /// at most what one command carries.
     pub(crate) fn chunk(&self, chunk: usize) -> usize {
@@ -361,9 +353,64 @@ pub(crate) struct Qpair {
 // which `&mut self` on every use guarantees.
 unsafe impl Send for Qpair {}
 
+/// What one NVMe command does, as the queue pair submits it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NvmeCmd {
+    Read,
+    Write,
+    Flush,
+}
+
+/// One command for [`Qpair::submit`]: `count` sectors at `lba` into or out of `buf` (both
+/// unused for a flush).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SectorIo {
+    pub(crate) cmd: NvmeCmd,
+    pub(crate) buf: *mut c_void,
+    pub(crate) lba: u64,
+    pub(crate) count: u32,
+}
+
 impl Qpair {
-    pub(crate) fn raw(&mut self) -> *mut c_void {
-        self.ptr.as_ptr()
+    /// Submits one command on `ns` (of this qpair's controller). `cb` runs with `arg` from
+    /// [`process_completions`](Self::process_completions) once the command ends, unless
+    /// SPDK refuses it here (a nonzero return: then it never calls back).
+    ///
+    /// # Safety
+    /// `ns` belongs to this qpair's controller; `io.buf` points to `io.count` sectors of
+    /// DMA-able memory that stay valid until `cb` runs; `arg` is what `cb` expects.
+    pub(crate) unsafe fn submit(
+        &mut self,
+        ns: &Namespace,
+        io: SectorIo,
+        cb: sys::CmdCallback,
+        arg: *mut c_void,
+    ) -> i32 {
+        let SectorIo {
+            cmd,
+            buf,
+            lba,
+            count,
+        } = io;
+        let lib = &self.ctrlr.spdk.lib;
+        let (ns, qp) = (ns.ptr.as_ptr(), self.ptr.as_ptr());
+        // SAFETY: the qpair is used by this thread only (`&mut self`); the rest is the
+        // caller's promise.
+        unsafe {
+            match cmd {
+                NvmeCmd::Flush => (lib.spdk_nvme_ns_cmd_flush)(ns, qp, cb, arg),
+                NvmeCmd::Read => (lib.spdk_nvme_ns_cmd_read)(ns, qp, buf, lba, count, cb, arg, 0),
+                NvmeCmd::Write => (lib.spdk_nvme_ns_cmd_write)(ns, qp, buf, lba, count, cb, arg, 0),
+            }
+        }
+    }
+
+    /// Runs the callbacks of the commands that have ended, without waiting: their number, or
+    /// a negative errno when the qpair failed (its commands are then completed as aborted).
+    pub(crate) fn process_completions(&mut self) -> i32 {
+        // SAFETY: the qpair is owned and used by this thread only (`&mut self`); 0 means no
+        // limit on the completions processed.
+        unsafe { (self.ctrlr.spdk.lib.spdk_nvme_qpair_process_completions)(self.ptr.as_ptr(), 0) }
     }
 }
 
@@ -371,7 +418,7 @@ impl Drop for Qpair {
     fn drop(&mut self) {
         // SAFETY: owned qpair, used by no one else; SPDK completes its outstanding commands
         // (as aborted) before freeing it, so no transfer into their buffers follows.
-        let rc = unsafe { (self.ctrlr.lib().spdk_nvme_ctrlr_free_io_qpair)(self.ptr.as_ptr()) };
+        let rc = unsafe { (self.ctrlr.spdk.lib.spdk_nvme_ctrlr_free_io_qpair)(self.ptr.as_ptr()) };
         if rc != 0 {
             tracing::warn!(trid = %self.ctrlr.trid, rc, "SPDK qpair free failed");
         }

@@ -14,7 +14,6 @@
 //! serialised, so concurrent writers of different bytes of one sector never lose each other's
 //! bytes.
 
-use std::cell::Cell;
 use std::collections::{HashSet, VecDeque};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -23,89 +22,9 @@ use std::time::{Duration, Instant};
 use slab::Slab;
 
 use crate::lane::{Completion, IoKind, Lane, LaneIo, LaneMem, Route, RouteAsk, Routed, WaitHint};
-use crate::spdk::ctrlr::{Namespace, Qpair};
+use crate::spdk::cmd::{Cmd, DONE, Opcode, on_complete, status_errno};
+use crate::spdk::ctrlr::{Namespace, NvmeCmd, Qpair, SectorIo};
 use crate::spdk::env::DmaRegion;
-use crate::spdk::sys::RawCpl;
-
-/// What one command does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Opcode {
-    Read,
-    Write,
-    Flush,
-    /// Read of the sector under a partial write.
-    RmwRead,
-    /// Write of that sector with the caller's bytes merged in.
-    RmwWrite,
-}
-
-/// A command on its way through SPDK. Boxed; its pointer is the callback argument.
-struct Cmd {
-    token: u64,
-    opcode: Opcode,
-    /// Slot memory (reads: destination; writes: source), `len` bytes at file position `pos`.
-    buf: *mut u8,
-    pos: u64,
-    len: usize,
-    /// The sector buffer of a read-modify-write.
-    rmw: Option<DmaRegion>,
-    /// Which queue (key in the lane) it belongs to.
-    queue: usize,
-}
-
-impl Cmd {
-    /// The sectors a partial write touches: first LBA and count (at most two: a range with no
-    /// whole sector inside).
-    fn rmw_span(&self, sector: u64) -> (u64, u64) {
-        let first = self.pos / sector;
-        let last = (self.pos + self.len.max(1) as u64 - 1) / sector;
-        (first, last - first + 1)
-    }
-}
-
-// SAFETY: the raw pointer is a bounce-slot address the reactor owns until the command ends;
-// commands never leave the reactor thread (Send is needed only because the lane lives in the
-// reactor, which is created on another thread before it runs).
-unsafe impl Send for Cmd {}
-
-thread_local! {
-    /// Commands SPDK completed during the current poll (filled by the callback).
-    static DONE: Cell<Vec<(Box<Cmd>, u8, u8)>> = const { Cell::new(Vec::new()) };
-}
-
-/// SPDK's completion callback.
-///
-/// # Safety
-/// `arg` is a pointer from `Box::into_raw(Box<Cmd>)` given to exactly one command; `cpl` is a
-/// valid completion for the duration of the call.
-unsafe extern "C" fn on_complete(arg: *mut c_void, cpl: *const RawCpl) {
-    // SAFETY: per the contract above, each command's box is reclaimed once, here.
-    let cmd = unsafe { Box::from_raw(arg.cast::<Cmd>()) };
-    // SAFETY: `cpl` is valid during the call (or null, treated as an abort).
-    let (sct, sc) = unsafe { cpl.as_ref() }.map_or((0, 0x08), RawCpl::sct_sc);
-    // `try_with`: a panic must not cross into C. Only on a thread already tearing down its
-    // thread-locals could it fail, and then nobody waits for the command any more.
-    let _ = DONE.try_with(|d| {
-        let mut v = d.take();
-        v.push((cmd, sct, sc));
-        d.set(v);
-    });
-}
-
-/// Maps an NVMe status to the negative errno gpuio reports.
-fn status_errno(sct: u8, sc: u8) -> i32 {
-    match (sct, sc) {
-        (0, 0) => 0,
-        // Aborted by SQ deletion: the qpair went away under the command.
-        (0, 0x07) | (0, 0x08) => -libc::ECONNRESET,
-        // LBA out of range, capacity exceeded.
-        (0, 0x80) | (0, 0x81) => -libc::EINVAL,
-        // Namespace not ready / write to read-only.
-        (0, 0x82) => -libc::EAGAIN,
-        (1, 0x82) | (2, 0x82) => -libc::EROFS,
-        _ => -libc::EIO,
-    }
-}
 
 /// One namespace's queue on this reactor.
 struct NsQueue {
@@ -298,8 +217,6 @@ impl SpdkLane {
     /// One submission to SPDK. On refusal, the command comes back with the errno.
     fn send(q: &mut NsQueue, cmd: Box<Cmd>) -> Result<(), (Box<Cmd>, i32)> {
         let sector = q.ns.sector;
-        let ns = q.ns.raw();
-        let lib = q.ns.ctrlr.lib();
         let Some(qp) = q.qpair.as_mut() else {
             return Err((cmd, -libc::ENOTCONN));
         };
@@ -316,23 +233,22 @@ impl SpdkLane {
         };
         let opcode = cmd.opcode;
         let arg = Box::into_raw(cmd).cast::<c_void>();
+        let io = SectorIo {
+            cmd: match opcode {
+                Opcode::Flush => NvmeCmd::Flush,
+                Opcode::Read | Opcode::RmwRead => NvmeCmd::Read,
+                Opcode::Write | Opcode::RmwWrite => NvmeCmd::Write,
+            },
+            buf: buf.cast(),
+            lba,
+            count,
+        };
         // SAFETY: `ns` and the qpair belong to the same attached controller (the queue holds
         // both); the qpair is used only on this thread; `buf` points to at least
         // `count * sector` bytes the reactor owns until the callback runs (a bounce slot sized
         // and aligned for the sector, or the RMW sector buffer); `arg` is reclaimed exactly
         // once, by the callback, or below when SPDK refuses the command.
-        let rc = unsafe {
-            match opcode {
-                Opcode::Flush => (lib.spdk_nvme_ns_cmd_flush)(ns, qp.raw(), on_complete, arg),
-                _ => {
-                    let cmd = match opcode {
-                        Opcode::Read | Opcode::RmwRead => lib.spdk_nvme_ns_cmd_read,
-                        _ => lib.spdk_nvme_ns_cmd_write,
-                    };
-                    cmd(ns, qp.raw(), buf.cast(), lba, count, on_complete, arg, 0)
-                }
-            }
-        };
+        let rc = unsafe { qp.submit(&q.ns, io, on_complete, arg) };
         if rc != 0 {
             // SAFETY: SPDK refused the command, so it never calls back with `arg`.
             let cmd = unsafe { Box::from_raw(arg.cast::<Cmd>()) };
@@ -488,10 +404,8 @@ impl SpdkLane {
             if q.outstanding == 0 && q.waiting.is_empty() {
                 continue;
             }
-            let lib = q.ns.ctrlr.lib();
             let rc = match q.qpair.as_mut() {
-                // SAFETY: the qpair is owned by this reactor and used only on its thread.
-                Some(qp) => unsafe { (lib.spdk_nvme_qpair_process_completions)(qp.raw(), 0) },
+                Some(qp) => qp.process_completions(),
                 None => -libc::ENXIO,
             };
             self.drain_done();

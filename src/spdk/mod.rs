@@ -18,6 +18,7 @@
 //! [`File`]: crate::File
 //! [`Engine::open_nvme`]: crate::Engine::open_nvme
 
+pub(crate) mod cmd;
 pub(crate) mod ctrlr;
 pub(crate) mod env;
 pub(crate) mod lane;
