@@ -36,11 +36,11 @@ fn layer_of(unit: &str) -> Option<usize> {
 }
 
 /// The unit a module belongs to: its top-level module, except a backend's lane
-/// (`gds::lane`, `spdk::lane`), which is a unit of its own.
+/// (`gds::lane` with the batch queue it drives, `spdk::lane`), which is a unit of its own.
 fn unit_of(module: &[String]) -> Option<String> {
     let top = module.first()?;
     match (top.as_str(), module.get(1).map(String::as_str)) {
-        ("gds" | "spdk", Some("lane")) => Some(format!("{top}::lane")),
+        ("gds" | "spdk", Some("lane")) | ("gds", Some("batch")) => Some(format!("{top}::lane")),
         _ => Some(top.clone()),
     }
 }
