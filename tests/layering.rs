@@ -296,3 +296,61 @@ fn the_reactor_names_no_backend_and_no_cuda() {
         found.join("\n")
     );
 }
+
+/// Every foreign call goes through its backend's checked tier: cuFile's symbols are called in
+/// `gds/sys.rs` and `gds/result.rs` only, SPDK's in `spdk/{sys,env,ctrlr}.rs`, and the CUDA
+/// driver's raw (`cudarc::driver::sys`) entry points in `src/cuda/` only. Lanes, ops and the
+/// reactor call those tiers' wrappers.
+#[test]
+fn foreign_calls_stay_in_their_tiers() {
+    let Some(src) = source_dir() else { return };
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let rules: &[(&str, &[&str])] = &[
+        ("lib.cuFile", &["gds/sys.rs", "gds/result.rs"]),
+        (
+            "lib.spdk_",
+            &["spdk/sys.rs", "spdk/env.rs", "spdk/ctrlr.rs"],
+        ),
+        (
+            "lib().spdk_",
+            &["spdk/sys.rs", "spdk/env.rs", "spdk/ctrlr.rs"],
+        ),
+        ("sys::cu", &["cuda/"]),
+        ("cu::cu", &["cuda/"]),
+    ];
+    let mut bad = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue;
+            }
+            for (needle, allowed) in rules {
+                // `sys::cu` followed by a lower-case letter is a type path (`sys::cuda…`), not a
+                // call; calls are `cuXxx`.
+                let hit = code.match_indices(needle).any(|(i, _)| {
+                    !needle.ends_with("cu")
+                        || code[i + needle.len()..]
+                            .chars()
+                            .next()
+                            .is_some_and(|c| c.is_ascii_uppercase())
+                });
+                if hit && !allowed.iter().any(|a| rel.starts_with(a)) {
+                    bad.push(format!("{rel}:{}: {needle}…", n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "foreign calls outside their tiers:\n{}",
+        bad.join("\n")
+    );
+}

@@ -15,6 +15,7 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 
 use super::sealed::Sealed;
 use super::{ReadDst, ReadTarget, WriteSource, WriteSrc};
+use crate::cuda::device::pointer_attribute;
 use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind, Result};
 
@@ -69,7 +70,7 @@ impl RawDeviceSlice {
         // SAFETY: the driver writes one int for CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL into
         // `ordinal`, which outlives the call; any address may be asked about.
         let r = unsafe {
-            attribute(
+            pointer_attribute(
                 &mut ordinal,
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                 ptr,
@@ -150,7 +151,7 @@ impl RawDeviceSlice {
         // SAFETY: CU_POINTER_ATTRIBUTE_MEMORY_TYPE writes one unsigned int into `kind`, which
         // outlives the call; the driver only looks the address up, never touches its memory.
         let r = unsafe {
-            attribute(
+            pointer_attribute(
                 &mut kind,
                 sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                 self.ptr,
@@ -182,7 +183,7 @@ impl RawDeviceSlice {
             let mut ordinal: i32 = -1;
             // SAFETY: CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL writes one int into `ordinal`.
             let r = unsafe {
-                attribute(
+                pointer_attribute(
                     &mut ordinal,
                     sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                     at,
@@ -207,23 +208,13 @@ impl RawDeviceSlice {
     }
 }
 
-/// One pointer attribute of `ptr`, written into `value`.
-///
-/// # Safety
-/// `attr` must be an attribute whose value the driver writes as one `T`.
-unsafe fn attribute<T>(value: &mut T, attr: sys::CUpointer_attribute, ptr: u64) -> sys::CUresult {
-    // SAFETY: `value` is a live, writable `T` for the call; the caller guarantees the driver
-    // writes exactly one `T` for `attr`. The driver only looks `ptr` up, never dereferences it.
-    unsafe { sys::cuPointerGetAttribute((value as *mut T).cast(), attr, ptr) }
-}
-
 /// The start and size of the allocation (or mapping) holding `ptr`, or the driver's refusal.
 fn allocation_of(ptr: u64) -> std::result::Result<(u64, u64), sys::CUresult> {
     let mut start: CUdeviceptr = 0;
     let mut size: usize = 0;
     // SAFETY: RANGE_START_ADDR writes one CUdeviceptr.
     let r = unsafe {
-        attribute(
+        pointer_attribute(
             &mut start,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
             ptr,
@@ -234,7 +225,7 @@ fn allocation_of(ptr: u64) -> std::result::Result<(u64, u64), sys::CUresult> {
     }
     // SAFETY: RANGE_SIZE writes one size_t.
     let r = unsafe {
-        attribute(
+        pointer_attribute(
             &mut size,
             sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
             ptr,

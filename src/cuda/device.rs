@@ -80,3 +80,17 @@ macro_rules! device_dst {
 
 device_src!(CudaSlice<T>, CudaViewMut<'_, T>, CudaView<'_, T>);
 device_dst!(CudaSlice<T>, CudaViewMut<'_, T>);
+
+/// One pointer attribute of `ptr`, written into `value`.
+///
+/// # Safety
+/// `attr` must be an attribute whose value the driver writes as one `T`.
+pub(crate) unsafe fn pointer_attribute<T>(
+    value: &mut T,
+    attr: cudarc::driver::sys::CUpointer_attribute,
+    ptr: u64,
+) -> cudarc::driver::sys::CUresult {
+    // SAFETY: `value` is a live, writable `T` for the call; the caller guarantees the driver
+    // writes exactly one `T` for `attr`. The driver only looks `ptr` up, never dereferences it.
+    unsafe { cudarc::driver::sys::cuPointerGetAttribute((value as *mut T).cast(), attr, ptr) }
+}

@@ -68,7 +68,7 @@ pub mod topology;
 #[cfg(feature = "cuda")]
 pub(crate) mod copylist;
 #[cfg(feature = "cuda")]
-mod device;
+pub(crate) mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;
 #[cfg(feature = "cuda")]
