@@ -5,7 +5,7 @@
 //! to the main lane where the lane allows it, or fails the op.
 
 use super::Reactor;
-use super::table::Queue;
+use super::entry::Queue;
 use crate::error::Error;
 use crate::lane::{Completion, IoKind, Outcome};
 use crate::op::ReadyPiece;

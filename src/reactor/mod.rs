@@ -65,6 +65,7 @@
 
 mod complete;
 mod death;
+mod entry;
 #[cfg(test)]
 mod fake;
 pub(crate) mod fence;
@@ -92,9 +93,9 @@ use crate::op::gate::Gated;
 use crate::op::msg::Msg;
 use crate::op::occupancy::OccupancySampler;
 use crate::plan::Piece;
+use entry::OpEntry;
 use fence::{RangeFence, Ticket};
 use slots::{PoolStall, Slots};
-use table::OpEntry;
 
 /// Most bounce bytes one op may hold (a quarter of the pool), so a leaked future, whose slots
 /// are never given back, cannot take the whole pool.

@@ -1,7 +1,7 @@
 //! Scheduling: which pieces start, within the queue depth, the slot pools and each op's window
 //! (round-robin between ops), the range fence, and which lane each piece goes to.
 
-use super::table::Queue;
+use super::entry::Queue;
 use super::{InflightIo, Reactor};
 use crate::buf::arena::BounceSlot;
 use crate::error::{Error, OpKind};
