@@ -210,13 +210,7 @@ impl File {
             #[cfg(feature = "cuda")]
             ReadTarget::Device(dst) => {
                 device = Some(dst.own_stream().context().clone());
-                Either::Device(crate::op::device::DeviceCopyOut {
-                    dst,
-                    offset,
-                    stream: None,
-                    error: None,
-                    combine: None,
-                })
+                Either::Device(crate::op::device::DeviceCopyOut::new(dst, offset))
             }
         };
         let inner = self.start(OpKind::Read, offset, len, device, transfer);

@@ -124,6 +124,23 @@ pub(super) fn read_copy_specs(
     Ok(())
 }
 
+/// How a read's bytes move into device memory: chosen once per read, by
+/// [`DeviceCopyOut::copy_plan`] at its first poll (when the stream it runs on is known), and
+/// followed by every poll after. Where the pieces land first (host bounce slots, or cuFile's
+/// device staging) is the router's choice (`Lane::route`), and whether the page cache is
+/// tried before the reactor is `File::read_into`'s; docs/device-paths.md has the table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeviceCopyPlan {
+    /// A batch's run: the batch's page-cache stage, or its combined copies (`op::combine`).
+    Combined,
+    /// A small read on a stream that takes copies whose sources the driver reads during the
+    /// call ([`stageable`]): the page-cache stage, else one such call for the landed pieces,
+    /// whose slots then go straight back.
+    Staged,
+    /// One copy per piece, the slots held behind an event.
+    PerPiece,
+}
+
 /// Copies read pieces into device memory standing for file bytes `[offset, offset + len)`.
 pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) dst: &'a mut dyn DeviceDst,
@@ -132,6 +149,23 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) error: Option<Error>,
     /// Hand the pieces to a batch that copies them with its other reads' (`op::combine`).
     pub(crate) combine: Option<Combine>,
+    /// The plan, once chosen.
+    plan: Option<DeviceCopyPlan>,
+}
+
+impl<'a> DeviceCopyOut<'a> {
+    /// A read into `dst` of file bytes from `offset`, on the memory's own stream, not part of
+    /// a batch, its plan not yet chosen.
+    pub(crate) fn new(dst: &'a mut dyn DeviceDst, offset: u64) -> Self {
+        DeviceCopyOut {
+            dst,
+            offset,
+            stream: None,
+            error: None,
+            combine: None,
+            plan: None,
+        }
+    }
 }
 
 /// Whether small reads may stage their bytes in pageable memory and copy them in `stream`'s
@@ -150,6 +184,32 @@ pub(super) fn stageable(stream: &CudaStream) -> bool {
 }
 
 impl DeviceCopyOut<'_> {
+    /// The stream the copies go on: the caller's, else the memory's own.
+    fn copy_stream(&self) -> Arc<CudaStream> {
+        self.stream
+            .clone()
+            .unwrap_or_else(|| self.dst.own_stream().clone())
+    }
+
+    /// The read's copy plan: chosen at the first call, the same at every later one. The one
+    /// place that decides how a read's bytes reach device memory.
+    pub(crate) fn copy_plan(&mut self) -> DeviceCopyPlan {
+        if let Some(plan) = self.plan {
+            return plan;
+        }
+        let plan = if self.combine.is_some() {
+            DeviceCopyPlan::Combined
+        } else if self.dst.byte_len() <= super::cached::CACHED_READ_MAX
+            && stageable(&self.copy_stream())
+        {
+            DeviceCopyPlan::Staged
+        } else {
+            DeviceCopyPlan::PerPiece
+        };
+        self.plan = Some(plan);
+        plan
+    }
+
     /// Serves the read from the page cache if it holds every byte (`op::cached`): through
     /// this thread's pageable stage and one copy, or, for a batch's read, through the batch's
     /// stage, whose copies its next flush queues in one call. `None`: not served.
@@ -160,15 +220,23 @@ impl DeviceCopyOut<'_> {
     ) -> Option<Result<usize, Error>> {
         let len = self.dst.byte_len();
         let own = self.dst.own_stream().clone();
-        if let Some(c) = &self.combine {
-            // A batch's range: the pointer only (the batch records cudarc's event itself).
-            let (dptr, _range) = self.dst.write_ptr(&own);
-            return c
-                .combiner
-                .read_cached(fd, refused, &own, dptr, self.offset, len)
-                .map(Ok);
+        match self.copy_plan() {
+            DeviceCopyPlan::Combined => {
+                let c = self.combine.as_ref()?; // always there: the plan is chosen from it
+                // A batch's range: the pointer only (the batch records cudarc's event itself).
+                let (dptr, _range) = self.dst.write_ptr(&own);
+                return c
+                    .combiner
+                    .read_cached(fd, refused, &own, dptr, self.offset, len)
+                    .map(Ok);
+            }
+            DeviceCopyPlan::Staged => {}
+            DeviceCopyPlan::PerPiece => return None,
         }
-        let stream = self.stream.clone().unwrap_or_else(|| own.clone());
+        let stream = self.copy_stream();
+        // The plan holds for the read, but this poll may run on another thread, or the stream
+        // may have begun a graph capture since: the conditions are checked again (and the
+        // context bound) before each staged call.
         if !stageable(&stream) {
             return None;
         }
@@ -241,8 +309,9 @@ impl DeviceCopyOut<'_> {
     /// returns (`copylist::queue_staged`), so the slots go straight back to the reactor: no
     /// event to record, and none for the reactor to poll before it can reuse them. O_DIRECT
     /// and cold small reads take this; cached ones are served before they reach the reactor
-    /// (`read_cached`). `Err` gives the pieces back: not such a read, or not on such a
-    /// stream; the caller copies them.
+    /// (`read_cached`). Taken under [`DeviceCopyPlan::Staged`]. `Err` gives the pieces back:
+    /// they landed in cuFile's staging slots (the router's choice), or the stream no longer
+    /// takes such calls; the caller copies them.
     fn copy_small(
         &mut self,
         pieces: ReadyPieces,
@@ -251,10 +320,10 @@ impl DeviceCopyOut<'_> {
         own: &Arc<CudaStream>,
     ) -> Result<Option<Msg>, ReadyPieces> {
         let (offset, len) = (self.offset, self.dst.byte_len());
-        if len > super::cached::CACHED_READ_MAX || pieces.iter().any(|p| p.slot.on_device) {
+        if pieces.iter().any(|p| p.slot.on_device) {
             return Err(pieces);
         }
-        let stream = self.stream.clone().unwrap_or_else(|| own.clone());
+        let stream = self.copy_stream();
         if !stageable(&stream) {
             return Err(pieces);
         }
@@ -323,23 +392,28 @@ impl Transfer for DeviceCopyOut<'_> {
     ) -> Option<Msg> {
         let (offset, len) = (self.offset, self.dst.byte_len());
         let own = self.dst.own_stream().clone();
-        if let Some(c) = &self.combine {
-            // The batch issues these copies with its other reads' before this poll returns.
-            let (dptr, _noop) = self.dst.write_ptr(&own);
-            c.combiner.push(Combined {
-                engine: c.engine.clone(),
-                arena: arena.clone(),
-                shared: shared.clone(),
-                pieces,
-                dptr,
-                offset,
-                len,
-            });
-            return None;
-        }
-        let pieces = match self.copy_small(pieces, arena, shared, &own) {
-            Ok(msg) => return msg,
-            Err(pieces) => pieces,
+        let plan = self.copy_plan();
+        let pieces = match (plan, &self.combine) {
+            (DeviceCopyPlan::Combined, Some(c)) => {
+                // The batch issues these copies with its other reads' before this poll returns.
+                let (dptr, _noop) = self.dst.write_ptr(&own);
+                c.combiner.push(Combined {
+                    engine: c.engine.clone(),
+                    arena: arena.clone(),
+                    shared: shared.clone(),
+                    pieces,
+                    dptr,
+                    offset,
+                    len,
+                });
+                return None;
+            }
+            (DeviceCopyPlan::Staged, _) => match self.copy_small(pieces, arena, shared, &own) {
+                Ok(msg) => return msg,
+                Err(pieces) => pieces,
+            },
+            // (`Combined` always has its batch: the plan is chosen from it.)
+            (DeviceCopyPlan::PerPiece | DeviceCopyPlan::Combined, _) => pieces,
         };
         let staging = shared.staging.get();
         let dst = &mut *self.dst;
