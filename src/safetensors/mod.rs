@@ -40,9 +40,11 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use model::SafetensorsModel;
 pub use safetensors::Dtype;
 pub use shard::{ReplicaCopy, Replicas, Shard};
 
+mod model;
 #[cfg(feature = "cuda")]
 mod replica;
 mod shard;
@@ -194,42 +196,18 @@ impl SafetensorsFile {
     /// The batch that loads the tensors `keep` selects, and where each lands in the batch's
     /// destination (`buffer_range`; the destination needs [`BatchPlan::dst_len`] bytes).
     pub fn plan(&self, mut keep: impl FnMut(&str) -> bool) -> (BatchPlan, Vec<Tensor>) {
-        let mut at = 0u64;
-        let mut placed = Vec::new();
-        let mut descs = Vec::new();
-        for t in self.tensors.iter().filter(|t| keep(&t.name)) {
-            // Same remainder modulo PLACEMENT as in the file: neighbours stay neighbours. An
-            // empty tensor takes no room (its range cannot then lie past the buffer's end).
-            let dst = if t.byte_len() == 0 {
-                at
-            } else {
-                at + (t.file_range.start + PLACEMENT - at % PLACEMENT) % PLACEMENT
-            };
-            let dst = dst as usize;
-            descs.push(ReadDesc::new(
-                &self.file,
-                t.file_range.start,
-                t.byte_len(),
-                dst,
-            ));
-            placed.push(Tensor {
-                name: t.name.clone(),
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                file_range: t.file_range.clone(),
-                buffer_range: dst..dst + t.byte_len(),
-            });
-            at = (dst + t.byte_len()) as u64;
-        }
-        (BatchPlan::new(descs), placed)
+        plan_tensors(
+            self.tensors
+                .iter()
+                .filter(|t| keep(&t.name))
+                .map(|t| (&self.file, t)),
+        )
     }
 
     /// Loads the selected tensors into one host buffer.
     pub async fn load_host(&self, keep: impl FnMut(&str) -> bool) -> Result<Checkpoint<Vec<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        let mut buf = vec![0u8; plan.dst_len()];
-        Self::run(&plan, &mut buf).await?;
-        Ok(Checkpoint::new(buf, tensors, self.file.path()))
+        load_host(plan, tensors, self.file.path()).await
     }
 
     /// Loads the selected tensors into one allocation on `stream`'s device. The copies are
@@ -242,17 +220,74 @@ impl SafetensorsFile {
         keep: impl FnMut(&str) -> bool,
     ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        let ctx = || self.file.ctx(OpKind::Read, 0).with_backend("cuda");
-        let mut buf = stream
-            .alloc_zeros::<u8>(plan.dst_len().max(1))
-            .map_err(|e| Error::cuda(ctx(), e))?;
-        Self::run(&plan, &mut buf).await?;
-        Ok(Checkpoint::new(buf, tensors, self.file.path()))
+        load_device(stream, plan, tensors, self.file.path()).await
     }
 
     async fn run<D: ReadDst + ?Sized>(plan: &BatchPlan, dst: &mut D) -> Result<()> {
         plan.read_into(dst).await.exact(plan.descs()).map(drop)
     }
+}
+
+/// The batch that reads `tensors` (each with the file it is in), packed in the order given,
+/// and where each lands in the batch's destination. Each keeps its file offset's remainder
+/// modulo [`PLACEMENT`]: neighbours in a file stay neighbours (one read) and keep the file's
+/// alignment.
+fn plan_tensors<'a>(
+    tensors: impl Iterator<Item = (&'a File, &'a FileTensor)>,
+) -> (BatchPlan, Vec<Tensor>) {
+    let mut at = 0u64;
+    let mut placed = Vec::new();
+    let mut descs = Vec::new();
+    for (file, t) in tensors {
+        // An empty tensor takes no room (its range cannot then lie past the buffer's end).
+        let dst = if t.byte_len() == 0 {
+            at
+        } else {
+            at + (t.file_range.start + PLACEMENT - at % PLACEMENT) % PLACEMENT
+        };
+        let dst = dst as usize;
+        descs.push(ReadDesc::new(file, t.file_range.start, t.byte_len(), dst));
+        placed.push(Tensor {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            file_range: t.file_range.clone(),
+            buffer_range: dst..dst + t.byte_len(),
+        });
+        at = (dst + t.byte_len()) as u64;
+    }
+    (BatchPlan::new(descs), placed)
+}
+
+/// Runs `plan` into a new host buffer: the checkpoint of `tensors`, named `path` in errors.
+async fn load_host(
+    plan: BatchPlan,
+    tensors: Vec<Tensor>,
+    path: &Path,
+) -> Result<Checkpoint<Vec<u8>>> {
+    let mut buf = vec![0u8; plan.dst_len()];
+    SafetensorsFile::run(&plan, &mut buf).await?;
+    Ok(Checkpoint::new(buf, tensors, path))
+}
+
+/// Runs `plan` into a new allocation on `stream`'s device.
+#[cfg(feature = "cuda")]
+async fn load_device(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    plan: BatchPlan,
+    tensors: Vec<Tensor>,
+    path: &Path,
+) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
+    let ctx = || {
+        Context::op(OpKind::Read)
+            .with_path(&Arc::from(path))
+            .with_backend("cuda")
+    };
+    let mut buf = stream
+        .alloc_zeros::<u8>(plan.dst_len().max(1))
+        .map_err(|e| Error::cuda(ctx(), e))?;
+    SafetensorsFile::run(&plan, &mut buf).await?;
+    Ok(Checkpoint::new(buf, tensors, path))
 }
 
 /// Tensors loaded into one buffer `B` (`Vec<u8>`, or `CudaSlice<u8>` on a GPU).
