@@ -19,13 +19,23 @@ use crate::runner::{block, spawn};
 /// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
 type TensorRow = (String, String, Vec<usize>, u64, u64);
 
-/// An open checkpoint with its parsed header.
-#[pyclass(frozen, module = "gpuio._native")]
-pub struct SafetensorsFile {
-    inner: Arc<gpuio::safetensors::SafetensorsFile>,
+/// What was opened: one file (every load, tensor-parallel ones included), or a checkpoint of
+/// several shards (a directory or an index file).
+enum Source {
+    File(Arc<gpuio::safetensors::SafetensorsFile>),
+    Model(Arc<gpuio::safetensors::SafetensorsModel>),
 }
 
-/// Opens `path` on `engine` and reads and checks its header.
+/// An open checkpoint with its parsed header(s).
+#[pyclass(frozen, module = "gpuio._native")]
+pub struct SafetensorsFile {
+    inner: Source,
+    engine: gpuio::Engine,
+}
+
+/// Opens `path` on `engine` and reads and checks its header: a ``.safetensors`` file, or a
+/// directory (through ``model.safetensors.index.json`` where it has one, else every
+/// ``.safetensors`` file in it) or an index file, as one checkpoint of all its shards.
 #[pyfunction]
 pub fn open_safetensors(
     py: Python<'_>,
@@ -33,22 +43,34 @@ pub fn open_safetensors(
     path: std::path::PathBuf,
 ) -> PyResult<SafetensorsFile> {
     let engine = engine.inner.clone();
+    let sharded = path.is_dir() || path.extension().is_some_and(|x| x == "json");
+    let opened = engine.clone();
     let inner = block(py, async move {
-        gpuio::safetensors::SafetensorsFile::open(&engine, &path).await
+        if sharded {
+            gpuio::safetensors::SafetensorsModel::open(&opened, &path)
+                .await
+                .map(|m| Source::Model(Arc::new(m)))
+        } else {
+            gpuio::safetensors::SafetensorsFile::open(&opened, &path)
+                .await
+                .map(|f| Source::File(Arc::new(f)))
+        }
     })
     .map_err(to_py)?;
-    Ok(SafetensorsFile {
-        inner: Arc::new(inner),
-    })
+    Ok(SafetensorsFile { inner, engine })
 }
 
 #[pymethods]
 impl SafetensorsFile {
-    /// Every tensor in file order: ``(name, dtype, shape, file_start, file_end)``.
+    /// Every tensor in file order (shard by shard): ``(name, dtype, shape, file_start,
+    /// file_end)``, the range in the tensor's own shard.
     fn tensors(&self) -> Vec<TensorRow> {
-        self.inner
-            .tensors()
-            .iter()
+        let listed: Vec<&gpuio::safetensors::FileTensor> = match &self.inner {
+            Source::File(f) => f.tensors().iter().collect(),
+            Source::Model(m) => m.tensors().map(|(_, t)| t).collect(),
+        };
+        listed
+            .into_iter()
             .map(|t| {
                 let r = &t.file_range;
                 (
@@ -62,18 +84,37 @@ impl SafetensorsFile {
             .collect()
     }
 
-    /// The header's ``__metadata__`` strings.
+    /// The header's ``__metadata__`` strings (a sharded checkpoint's: its index's
+    /// ``metadata``).
     fn metadata(&self) -> std::collections::HashMap<String, String> {
-        self.inner.metadata().clone()
+        match &self.inner {
+            Source::File(f) => f.metadata().clone(),
+            Source::Model(m) => m.metadata().clone(),
+        }
     }
 
-    /// The load of the tensors named in ``names`` (all where ``None``).
+    /// The shard files, in the order their tensors are listed (one for a single file).
+    fn shards(&self) -> Vec<std::path::PathBuf> {
+        match &self.inner {
+            Source::File(f) => vec![f.file().path().to_path_buf()],
+            Source::Model(m) => m
+                .shards()
+                .iter()
+                .map(|s| s.file().path().to_path_buf())
+                .collect(),
+        }
+    }
+
+    /// The load of the tensors named in ``names`` (all where ``None``): one batch across
+    /// every shard.
     #[pyo3(signature = (names = None))]
     fn plan(&self, names: Option<Vec<String>>) -> LoadPlan {
         let wanted: Option<HashSet<String>> = names.map(|n| n.into_iter().collect());
-        let (plan, placed) = self
-            .inner
-            .plan(|name| wanted.as_ref().is_none_or(|w| w.contains(name)));
+        let keep = |name: &str| wanted.as_ref().is_none_or(|w| w.contains(name));
+        let (plan, placed) = match &self.inner {
+            Source::File(f) => f.plan(keep),
+            Source::Model(m) => m.plan(keep),
+        };
         self.load_plan(plan, placed)
     }
 
@@ -89,7 +130,7 @@ impl SafetensorsFile {
         let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
         let plans = self
-            .inner
+            .single_file()?
             .plan_shards(ranks, |t| parsed.get(&t.name).copied())
             .map_err(to_py)?;
         Ok(self.load_plans(plans))
@@ -108,7 +149,7 @@ impl SafetensorsFile {
         let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
         let (plans, copies) = self
-            .inner
+            .single_file()?
             .plan_shards_read_once(ranks, |t| parsed.get(&t.name).copied())
             .map_err(to_py)?;
         let copies = copies
@@ -130,6 +171,22 @@ fn parse_rules(
 }
 
 impl SafetensorsFile {
+    /// The one file, for the loads only a single file has (tensor-parallel shards).
+    fn single_file(&self) -> PyResult<&gpuio::safetensors::SafetensorsFile> {
+        match &self.inner {
+            Source::File(f) => Ok(f),
+            Source::Model(m) => match m.shards() {
+                [only] => Ok(only),
+                shards => Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(
+                    "tensor-parallel loads read one .safetensors file; {} has {} shards \
+                     (load it whole, or each shard file on its own)",
+                    m.path().display(),
+                    shards.len()
+                ))),
+            },
+        }
+    }
+
     fn load_plans(
         &self,
         plans: Vec<(BatchPlan, Vec<gpuio::safetensors::Tensor>)>,
@@ -150,7 +207,7 @@ impl SafetensorsFile {
             })
             .collect();
         LoadPlan {
-            engine: self.inner.file().engine().clone(),
+            engine: self.engine.clone(),
             plan: Arc::new(plan),
             tensors,
         }

@@ -48,8 +48,9 @@ os.register_at_fork(after_in_child=_forget_engine_in_child)
 
 
 class Checkpoint:
-    """An open ``.safetensors`` file: its header, and loads of any subset of its tensors
-    into memory a framework allocates (``alloc(nbytes)`` returns a 1-D uint8 buffer)."""
+    """An open ``.safetensors`` file, or a model directory or index file of several shards
+    loaded as one: its header(s), and loads of any subset of its tensors into memory a
+    framework allocates (``alloc(nbytes)`` returns a 1-D uint8 buffer)."""
 
     def __init__(self, filename, engine=None):
         self.engine = engine if engine is not None else default_engine()
@@ -59,6 +60,10 @@ class Checkpoint:
     def keys(self):
         """Tensor names, in file order."""
         return list(self._listed)
+
+    def shards(self):
+        """The shard files, in the order their tensors are listed (one for a single file)."""
+        return [os.fspath(p) for p in self._file.shards()]
 
     def metadata(self):
         """The header's ``__metadata__`` strings (``None`` when it has none, as safetensors)."""

@@ -50,7 +50,8 @@ def load_file(
 ) -> Dict[str, np.ndarray]:
     """Loads every tensor of a ``.safetensors`` file as numpy arrays:
     ``{name: np.ndarray}``, the same dtypes, shapes and values as
-    ``safetensors.numpy.load_file``."""
+    ``safetensors.numpy.load_file``. ``filename`` may also be a model directory or an index
+    file (see ``gpuio.safetensors.torch.load_file``)."""
     return _load(Checkpoint(filename, engine), None)
 
 

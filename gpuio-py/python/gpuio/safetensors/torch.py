@@ -90,7 +90,10 @@ def load_file(
     engine: Optional[gpuio.Engine] = None,
 ) -> Dict[str, "torch.Tensor"]:
     """Loads every tensor of a ``.safetensors`` file: ``{name: torch.Tensor}`` with the same
-    dtypes, shapes and values as ``safetensors.torch.load_file``. ``device`` is ``"cpu"``
+    dtypes, shapes and values as ``safetensors.torch.load_file``. ``filename`` may also be a
+    model directory (through its ``model.safetensors.index.json``, else every
+    ``.safetensors`` file in it) or an index file: every shard is read in one batch, the
+    files concurrently, into one allocation. ``device`` is ``"cpu"``
     (default), ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device``; on a GPU the bytes go
     from the file (or page cache) through pinned bounce buffers, or cuFile, into one device
     allocation, and the tensors are ready when this returns."""
