@@ -291,3 +291,45 @@ fn an_empty_directory_and_two_indices_are_refused() {
     let e = open_err(&engine, dir.path());
     assert!(e.contains("several safetensors indices"), "{e}");
 }
+
+#[test]
+fn tensor_parallel_loads_of_a_model_match_those_of_one_file() {
+    use gpuio::safetensors::Shard;
+    let dir = tmpdir();
+    let one = dir.path().join("one.safetensors");
+    write_shard(&one, 0..12);
+    let sharded = dir.path().join("sharded");
+    std::fs::create_dir(&sharded).unwrap();
+    model_dir(&sharded, 4);
+    let engine = Engine::new().unwrap();
+    // Split by rows, by columns, one rank only, replicated: across every shard.
+    let rule = |t: &gpuio::safetensors::FileTensor| {
+        if t.shape[0] % 2 == 0 {
+            return Some(Shard::Split(0));
+        }
+        match t.shape[0] % 3 {
+            0 => Some(Shard::Split(1)),
+            1 => Some(Shard::Only(1)),
+            _ => Some(Shard::Replicate),
+        }
+    };
+    rt().block_on(async {
+        let single = SafetensorsFile::open(&engine, &one).await.unwrap();
+        let model = SafetensorsModel::open(&engine, &sharded).await.unwrap();
+        let a = single.load_shards_host(2, rule).await.unwrap();
+        let b = model.load_shards_host(2, rule).await.unwrap();
+        for (rank, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(a.tensors().len(), b.tensors().len(), "rank {rank}");
+            for t in a.tensors() {
+                assert_eq!(
+                    a.bytes(&t.name).unwrap(),
+                    b.bytes(&t.name).unwrap(),
+                    "rank {rank} {}",
+                    t.name
+                );
+                assert_eq!(Some(&t.shape), b.tensor(&t.name).map(|x| &x.shape));
+            }
+        }
+        assert!(model.plan_shards(0, rule).is_err(), "0 ranks refused");
+    });
+}

@@ -19,8 +19,8 @@ use crate::runner::{block, spawn};
 /// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
 type TensorRow = (String, String, Vec<usize>, u64, u64);
 
-/// What was opened: one file (every load, tensor-parallel ones included), or a checkpoint of
-/// several shards (a directory or an index file).
+/// What was opened: one file, or a checkpoint of several shards (a directory or an index
+/// file); both load whole or across tensor-parallel ranks.
 enum Source {
     File(Arc<gpuio::safetensors::SafetensorsFile>),
     Model(Arc<gpuio::safetensors::SafetensorsModel>),
@@ -129,10 +129,12 @@ impl SafetensorsFile {
     ) -> PyResult<Vec<LoadPlan>> {
         let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
-        let plans = self
-            .single_file()?
-            .plan_shards(ranks, |t| parsed.get(&t.name).copied())
-            .map_err(to_py)?;
+        let rule = |t: &gpuio::safetensors::FileTensor| parsed.get(&t.name).copied();
+        let plans = match &self.inner {
+            Source::File(f) => f.plan_shards(ranks, rule),
+            Source::Model(m) => m.plan_shards(ranks, rule),
+        }
+        .map_err(to_py)?;
         Ok(self.load_plans(plans))
     }
 
@@ -148,10 +150,12 @@ impl SafetensorsFile {
     ) -> PyResult<(Vec<LoadPlan>, Vec<(usize, usize, usize, usize, usize)>)> {
         let ranks = int_arg(py, "ranks", ranks)?;
         let parsed = parse_rules(rules)?;
-        let (plans, copies) = self
-            .single_file()?
-            .plan_shards_read_once(ranks, |t| parsed.get(&t.name).copied())
-            .map_err(to_py)?;
+        let rule = |t: &gpuio::safetensors::FileTensor| parsed.get(&t.name).copied();
+        let (plans, copies) = match &self.inner {
+            Source::File(f) => f.plan_shards_read_once(ranks, rule),
+            Source::Model(m) => m.plan_shards_read_once(ranks, rule),
+        }
+        .map_err(to_py)?;
         let copies = copies
             .into_iter()
             .map(|c| (c.from, c.src.start, c.src.end, c.to, c.dst_start))
@@ -171,22 +175,6 @@ fn parse_rules(
 }
 
 impl SafetensorsFile {
-    /// The one file, for the loads only a single file has (tensor-parallel shards).
-    fn single_file(&self) -> PyResult<&gpuio::safetensors::SafetensorsFile> {
-        match &self.inner {
-            Source::File(f) => Ok(f),
-            Source::Model(m) => match m.shards() {
-                [only] => Ok(only),
-                shards => Err(pyo3::exceptions::PyNotImplementedError::new_err(format!(
-                    "tensor-parallel loads read one .safetensors file; {} has {} shards \
-                     (load it whole, or each shard file on its own)",
-                    m.path().display(),
-                    shards.len()
-                ))),
-            },
-        }
-    }
-
     fn load_plans(
         &self,
         plans: Vec<(BatchPlan, Vec<gpuio::safetensors::Tensor>)>,

@@ -18,8 +18,8 @@ from gpuio.safetensors.numpy import load_file, load_shards  # noqa: E402
 def shard_tensors(s):
     rng = np.random.default_rng(100 + s)
     return {
-        f"layers.{s}.w": rng.standard_normal((64, 33)).astype(np.float32),
-        f"layers.{s}.b": rng.standard_normal(33).astype(np.float16),
+        f"layers.{s}.w": rng.standard_normal((64, 32)).astype(np.float32),
+        f"layers.{s}.b": rng.standard_normal(32).astype(np.float16),
         f"layers.{s}.idx": rng.integers(-1000, 1000, size=(5, 3), dtype=np.int64),
     }
 
@@ -74,7 +74,14 @@ def test_bad_indices_fail_before_reading(tmp_path):
         load_file(tmp_path)
 
 
-def test_tensor_parallel_loads_of_several_shards_say_so(tmp_path):
-    write_model(str(tmp_path))
-    with pytest.raises(NotImplementedError, match="3 shards"):
-        load_shards(tmp_path, 2, {"layers.0.w": "replicate"})
+def test_tensor_parallel_loads_span_every_shard(tmp_path):
+    ref, _ = write_model(str(tmp_path))
+    rule = {"layers.0.w": ("split", 0), "layers.1.w": ("split", 1), "layers.2.b": "replicate",
+            "layers.2.idx": ("only", 1)}
+    ranks = load_shards(tmp_path, 2, rule)
+    for r in range(2):
+        np.testing.assert_array_equal(ranks[r]["layers.0.w"], np.split(ref["layers.0.w"], 2, 0)[r])
+        np.testing.assert_array_equal(ranks[r]["layers.2.b"], ref["layers.2.b"])
+    np.testing.assert_array_equal(ranks[0]["layers.1.w"], ref["layers.1.w"][:, :16])
+    assert "layers.2.idx" not in ranks[0]
+    np.testing.assert_array_equal(ranks[1]["layers.2.idx"], ref["layers.2.idx"])

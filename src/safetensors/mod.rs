@@ -40,11 +40,12 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use model::SafetensorsModel;
+pub use model::{INDEX_FILE, SafetensorsModel};
 pub use safetensors::Dtype;
 pub use shard::{ReplicaCopy, Replicas, Shard};
 
 mod model;
+mod parallel;
 #[cfg(feature = "cuda")]
 mod replica;
 mod shard;

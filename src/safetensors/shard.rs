@@ -17,10 +17,12 @@
 //! 1 KiB rows load over two GPUs in 1.9 s warm; cut, it loads in 0.14 s (BENCHMARKS.md).
 
 use std::ops::Range;
+use std::path::Path;
 
 use super::{Checkpoint, FileTensor, SafetensorsFile, Tensor};
 use crate::batch::{BatchPlan, ReadDesc};
-use crate::error::{Error, OpKind, Result};
+use crate::error::{Context, Error, OpKind, Result};
+use crate::file::File;
 
 /// Most ranks a tensor-parallel load takes: far above any tensor-parallel group in use (they
 /// follow the GPUs of one NVLink domain), far below a count that sizes allocations absurdly.
@@ -164,7 +166,7 @@ pub struct ReplicaCopy {
 }
 
 /// Every rank's batch and shards, and the copies between ranks that complete them.
-type ShardPlan = (Vec<(BatchPlan, Vec<Tensor>)>, Vec<ReplicaCopy>);
+pub(crate) type ShardPlan = (Vec<(BatchPlan, Vec<Tensor>)>, Vec<ReplicaCopy>);
 
 /// A split part with short rows (shorter than [`CUT_ROW_MAX`]) that its rank cuts out of the
 /// whole tensor, read into the rank's scratch buffer in one piece, instead of reading each
@@ -194,7 +196,7 @@ const CUT_SCRATCH_MAX: usize = 1 << 30;
 /// real tensor).
 const CUT_PITCH_MAX: usize = 1 << 30;
 
-/// What [`SafetensorsFile::plan_ranks`] plans: per rank, its batch and shards; the copies
+/// What [`Listing::plan_ranks`] plans: per rank, its batch and shards; the copies
 /// between ranks; per rank, the batch that reads whole tensors into its scratch buffer, and
 /// the parts it cuts out of them.
 pub(crate) struct RankPlans {
@@ -204,14 +206,21 @@ pub(crate) struct RankPlans {
     pub(crate) cuts: Vec<Cut>,
 }
 
-impl SafetensorsFile {
+/// The tensors a tensor-parallel load plans, in order, each with the file it is in, and the
+/// path errors name: one file's, or every shard's of a [`SafetensorsModel`].
+pub(crate) struct Listing<'a> {
+    pub(crate) entries: Vec<(&'a File, &'a FileTensor)>,
+    pub(crate) path: &'a Path,
+}
+
+impl Listing<'_> {
     /// One batch per rank (`ranks` of them) that loads the tensors `rule` places, and where
     /// each shard lands in that rank's destination (`buffer_range`, with the shard's shape;
     /// `file_range` is the whole tensor's). `rule` returns `None` for tensors no rank loads.
     /// A rule that does not fit a tensor (a dimension it lacks, or one that does not divide
     /// evenly, a rank out of range) is an [`Error::InvalidInput`] naming the tensor.
     /// Every rank reads its replicated tensors itself ([`Replicas::ReadEach`]).
-    pub fn plan_shards(
+    pub(crate) fn plan_shards(
         &self,
         ranks: usize,
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
@@ -219,11 +228,11 @@ impl SafetensorsFile {
         Ok(self.plan_ranks(ranks, rule, false, false)?.ranks)
     }
 
-    /// As [`plan_shards`](Self::plan_shards), with every buffer laid out the same, except that
+    /// As [`plan_shards`](SafetensorsFile::plan_shards), with every buffer laid out the same, except that
     /// each replicated tensor is read by one rank only ([`Replicas::ReadOnce`]): the copies
     /// that bring it to the other ranks come back alongside. Run them after the batches, on
     /// the receiving rank's stream.
-    pub fn plan_shards_read_once(
+    pub(crate) fn plan_shards_read_once(
         &self,
         ranks: usize,
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
@@ -241,7 +250,14 @@ impl SafetensorsFile {
         read_once: bool,
         cut: bool,
     ) -> Result<RankPlans> {
-        let bad = |at: u64, why: String| Error::invalid(self.file.ctx(OpKind::Read, at), why);
+        let bad = |at: u64, why: String| {
+            Error::invalid(
+                Context::op(OpKind::Read)
+                    .with_path(&std::sync::Arc::from(self.path))
+                    .with_offset(at),
+                why,
+            )
+        };
         if ranks == 0 || ranks > MAX_RANKS {
             // Each rank costs a plan and a buffer description before any byte is read: a
             // mistyped count (2**40) would otherwise exhaust memory and abort the process.
@@ -253,11 +269,11 @@ impl SafetensorsFile {
                 ),
             ));
         }
-        let shards: Vec<Option<Shard>> = self.tensors.iter().map(&mut rule).collect();
+        let shards: Vec<Option<Shard>> = self.entries.iter().map(|(_, t)| rule(t)).collect();
         // Read once: replicated tensors go to owners in file order, equal shares of bytes, so
         // each owner's reads stay one contiguous stretch of the file.
         let replicated = |s: &Option<Shard>| read_once && ranks > 1 && *s == Some(Shard::Replicate);
-        let total: u128 = (self.tensors.iter().zip(&shards))
+        let total: u128 = (self.entries.iter().map(|(_, t)| t).zip(&shards))
             .filter(|(_, s)| replicated(s))
             .map(|(t, _)| t.byte_len() as u128)
             .sum();
@@ -269,7 +285,7 @@ impl SafetensorsFile {
         let mut scratch_at = vec![0usize; ranks];
         let mut scratch: Vec<Vec<ReadDesc>> = (0..ranks).map(|_| Vec::new()).collect();
         let mut cuts: Vec<Cut> = Vec::new();
-        for (t, shard) in self.tensors.iter().zip(shards) {
+        for (&(file, t), shard) in self.entries.iter().zip(shards) {
             let Some(shard) = shard else {
                 continue;
             };
@@ -308,7 +324,7 @@ impl SafetensorsFile {
                     && pitch <= CUT_PITCH_MAX
                 {
                     scratch[rank].push(ReadDesc::new(
-                        &self.file,
+                        file,
                         t.file_range.start,
                         t.byte_len(),
                         whole,
@@ -326,7 +342,7 @@ impl SafetensorsFile {
                 } else {
                     for (offset, len) in ranges {
                         if owner.is_none_or(|o| o == rank) {
-                            descs[rank].push(ReadDesc::new(&self.file, offset, len, dst));
+                            descs[rank].push(ReadDesc::new(file, offset, len, dst));
                         }
                         dst += len;
                     }
@@ -363,9 +379,9 @@ impl SafetensorsFile {
         })
     }
 
-    /// Loads every rank's shards ([`plan_shards`](Self::plan_shards)) into a host buffer per
+    /// Loads every rank's shards ([`plan_shards`](SafetensorsFile::plan_shards)) into a host buffer per
     /// rank, all ranks at once.
-    pub async fn load_shards_host(
+    pub(crate) async fn load_shards_host(
         &self,
         ranks: usize,
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
@@ -377,11 +393,11 @@ impl SafetensorsFile {
 
     /// Loads rank `r`'s shards into one allocation on `streams[r]`'s device (a rank per
     /// stream: one GPU each, or several ranks on one GPU), all ranks at once. The copies are
-    /// queued on each rank's stream, as [`load_device`](Self::load_device) does. Replicated
+    /// queued on each rank's stream, as [`load_device`](SafetensorsFile::load_device) does. Replicated
     /// tensors are read once and copied between GPUs where they reach each other directly
     /// ([`Replicas::Auto`]).
     #[cfg(feature = "cuda")]
-    pub async fn load_shards_device(
+    pub(crate) async fn load_shards_device(
         &self,
         streams: &[std::sync::Arc<cudarc::driver::CudaStream>],
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
@@ -390,10 +406,10 @@ impl SafetensorsFile {
             .await
     }
 
-    /// [`load_shards_device`](Self::load_shards_device), with the way replicated tensors
+    /// [`load_shards_device`](SafetensorsFile::load_shards_device), with the way replicated tensors
     /// reach every rank chosen by the caller.
     #[cfg(feature = "cuda")]
-    pub async fn load_shards_device_with(
+    pub(crate) async fn load_shards_device_with(
         &self,
         streams: &[std::sync::Arc<cudarc::driver::CudaStream>],
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
@@ -409,7 +425,11 @@ impl SafetensorsFile {
         if !copies.is_empty() {
             super::replica::enable_peers(streams);
         }
-        let ctx = || self.file.ctx(OpKind::Read, 0).with_backend("cuda");
+        let ctx = || {
+            Context::op(OpKind::Read)
+                .with_path(&std::sync::Arc::from(self.path))
+                .with_backend("cuda")
+        };
         let mut bufs = plans
             .iter()
             .zip(streams)
@@ -427,7 +447,7 @@ impl SafetensorsFile {
             .iter()
             .zip(scratch.iter_mut())
             .filter(|(p, _)| !p.descs().is_empty())
-            .map(|(p, buf)| Self::run(p, buf));
+            .map(|(p, buf)| SafetensorsFile::run(p, buf));
         let (loaded, scratched) = futures::future::join(
             self.run_ranks(&plans, &mut bufs),
             futures::future::join_all(scratch_runs),
@@ -467,7 +487,7 @@ impl SafetensorsFile {
         let loads = plans
             .iter()
             .zip(bufs.iter_mut())
-            .map(|((plan, _), buf)| Self::run(plan, buf));
+            .map(|((plan, _), buf)| SafetensorsFile::run(plan, buf));
         for r in futures::future::join_all(loads).await {
             r?;
         }
@@ -481,7 +501,7 @@ impl SafetensorsFile {
     ) -> Vec<Checkpoint<B>> {
         bufs.into_iter()
             .zip(plans)
-            .map(|(buf, (_, tensors))| Checkpoint::new(buf, tensors, self.file.path()))
+            .map(|(buf, (_, tensors))| Checkpoint::new(buf, tensors, self.path))
             .collect()
     }
 }
@@ -532,8 +552,8 @@ mod tests {
                 })
             };
             for ranks in [1, 2, 3, 4] {
-                let rows = st.plan_ranks(ranks, rule, false, false).unwrap();
-                let cut = st.plan_ranks(ranks, rule, false, true).unwrap();
+                let rows = st.listing().plan_ranks(ranks, rule, false, false).unwrap();
+                let cut = st.listing().plan_ranks(ranks, rule, false, true).unwrap();
                 assert!(rows.cuts.is_empty());
                 assert_eq!(cut.cuts.is_empty(), ranks == 1, "{ranks} ranks");
                 for r in 0..ranks {
