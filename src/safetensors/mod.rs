@@ -42,12 +42,14 @@ use std::sync::Arc;
 
 pub use model::{INDEX_FILE, SafetensorsModel};
 pub use safetensors::Dtype;
+pub use save::{SaveTensor, save_file};
 pub use shard::{ReplicaCopy, Replicas, Shard};
 
 mod model;
 mod parallel;
 #[cfg(feature = "cuda")]
 mod replica;
+mod save;
 mod shard;
 
 use crate::batch::{BatchPlan, ReadDesc};

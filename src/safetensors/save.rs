@@ -1,0 +1,205 @@
+//! Saving tensors from host or device memory as a `.safetensors` file ([`save_file`]), the
+//! way the `safetensors` package lays one out (same header for the same tensors), written
+//! through the engine, crash-safe: the bytes go to a temporary file in the target's
+//! directory, which is fsynced and then renamed over the final name (and the directory
+//! fsynced), so the final name is absent, the old file, or the whole new one, never a part.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use safetensors::tensor::{Metadata, TensorInfo};
+
+use super::Dtype;
+use crate::buf::WriteSrc;
+use crate::engine::Engine;
+use crate::error::{Context, Error, OpKind, Result};
+use crate::file::OpenOptions;
+
+/// Tensor data at least this large is written with O_DIRECT where the filesystem takes it
+/// (a checkpoint is written once and read later: it need not sit in the page cache).
+const DIRECT_MIN: u64 = 64 << 20;
+
+/// Tensor writes in flight at once (each is an op the engine splits into its own pieces).
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// One tensor to save: its name, element type, shape and bytes (host memory, or device
+/// memory through any [`WriteSrc`]), which must be exactly the shape's size.
+#[derive(Clone, Copy)]
+pub struct SaveTensor<'a> {
+    /// Name in the checkpoint.
+    pub name: &'a str,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: &'a [usize],
+    /// The tensor's bytes, little-endian, row-major.
+    pub data: &'a dyn WriteSrc,
+}
+
+impl std::fmt::Debug for SaveTensor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SaveTensor")
+            .field("name", &self.name)
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .finish()
+    }
+}
+
+/// Saves `tensors` (with the `__metadata__` strings `metadata`, if any) as a `.safetensors`
+/// file at `path` and returns the file's size. The header is the one the `safetensors`
+/// package writes for the same tensors (largest element types first, then by name; padded
+/// with spaces to a multiple of 8). A bad tensor (a name used twice or reserved, bytes that do
+/// not match the shape) is an [`Error::InvalidInput`] before anything is written; an I/O
+/// error leaves no file under `path` (a previous file there stays as it was).
+pub async fn save_file(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    path: impl AsRef<Path>,
+    metadata: Option<&HashMap<String, String>>,
+) -> Result<u64> {
+    let path = path.as_ref();
+    let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(path));
+    let (header, order) = layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
+    let data_len: u64 = order.iter().map(|&(_, _, len)| len).sum();
+    let total = header.len() as u64 + data_len;
+    let tmp = temp_name(path);
+    let result = write_all(engine, &tmp, &header, tensors, &order, data_len).await;
+    let result = result.and_then(|()| {
+        std::fs::rename(&tmp, path).map_err(|e| Error::io(ctx(), e))?;
+        sync_dir(path).map_err(|e| Error::io(ctx(), e))
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map(|()| total)
+}
+
+/// The file's first bytes (length, header), and per tensor (in the file's order) its index in
+/// `tensors`, its data's file offset and length; `Err` says what is wrong with the input.
+#[allow(clippy::type_complexity)]
+fn layout(
+    tensors: &[SaveTensor<'_>],
+    metadata: Option<&HashMap<String, String>>,
+) -> std::result::Result<(Vec<u8>, Vec<(usize, u64, u64)>), String> {
+    let mut seen = HashSet::new();
+    for t in tensors {
+        if t.name == "__metadata__" {
+            return Err(
+                "a tensor may not be called __metadata__ (the header's metadata key)".into(),
+            );
+        }
+        if !seen.insert(t.name) {
+            return Err(format!("tensor {:?} is given twice", t.name));
+        }
+        let elements = t
+            .shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| format!("tensor {:?}: shape {:?} overflows", t.name, t.shape))?;
+        let bits = elements
+            .checked_mul(t.dtype.bitsize())
+            .ok_or_else(|| format!("tensor {:?}: shape {:?} overflows", t.name, t.shape))?;
+        let have = t.data.source().len();
+        if bits % 8 != 0 || bits / 8 != have {
+            return Err(format!(
+                "tensor {:?}: {:?} of shape {:?} is {bits} bits, but its data is {have} bytes",
+                t.name, t.dtype, t.shape
+            ));
+        }
+    }
+    // The safetensors package's order: larger element types first, then by name.
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&tensors[a], &tensors[b]);
+        b.dtype.cmp(&a.dtype).then(a.name.cmp(b.name))
+    });
+    let mut infos = Vec::with_capacity(tensors.len());
+    let mut at = 0usize;
+    for &i in &order {
+        let t = &tensors[i];
+        let len = t.data.source().len();
+        infos.push((
+            t.name.to_string(),
+            TensorInfo {
+                dtype: t.dtype,
+                shape: t.shape.to_vec(),
+                data_offsets: (at, at + len),
+            },
+        ));
+        at += len;
+    }
+    let meta = Metadata::new(metadata.cloned(), infos).map_err(|e| e.to_string())?;
+    let mut json = serde_json::to_string(&meta)
+        .map_err(|e| e.to_string())?
+        .into_bytes();
+    json.resize(json.len().next_multiple_of(8), b' ');
+    let mut header = (json.len() as u64).to_le_bytes().to_vec();
+    header.extend_from_slice(&json);
+    let start = header.len() as u64;
+    let mut placed = Vec::with_capacity(order.len());
+    let mut at = start;
+    for &i in &order {
+        let len = tensors[i].data.source().len() as u64;
+        placed.push((i, at, len));
+        at += len;
+    }
+    Ok((header, placed))
+}
+
+/// Writes the header and every tensor into `tmp` (created anew), then fsyncs it.
+async fn write_all(
+    engine: &Engine,
+    tmp: &Path,
+    header: &[u8],
+    tensors: &[SaveTensor<'_>],
+    order: &[(usize, u64, u64)],
+    data_len: u64,
+) -> Result<()> {
+    let create = |direct: bool| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .direct(direct)
+            .open(engine, tmp)
+    };
+    // O_DIRECT where the data is large and the filesystem takes it (tmpfs does not).
+    let file = match data_len >= DIRECT_MIN {
+        true => create(true).or_else(|_| create(false))?,
+        false => create(false)?,
+    };
+    file.write_from(header, 0).await?;
+    let mut writes = futures::stream::iter(order.iter().map(|&(i, at, _)| {
+        let file = &file;
+        async move { file.write_from(tensors[i].data, at).await }
+    }))
+    .buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some(r) = writes.next().await {
+        r?;
+    }
+    file.sync_all().await
+}
+
+/// `.NAME.gpuio-PID-N.tmp` beside `path`: in its directory (so the rename stays on one
+/// filesystem), hidden, and unique per process and call.
+fn temp_name(path: &Path) -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = path
+        .file_name()
+        .map_or_else(|| "checkpoint".into(), |n| n.to_string_lossy());
+    path.with_file_name(format!(".{name}.gpuio-{}-{n}.tmp", std::process::id()))
+}
+
+/// Makes the rename durable: fsyncs the directory holding `path`.
+fn sync_dir(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    std::fs::File::open(dir)?.sync_all()
+}
