@@ -297,3 +297,53 @@ fn device_memory_saves_the_same_bytes_as_host_memory() {
     });
     assert!(std::fs::read(&path).unwrap() == reference(&t, None));
 }
+
+#[test]
+fn a_sharded_save_loads_back_as_one_model() {
+    use gpuio::safetensors::{SafetensorsModel, save_sharded};
+    let dir = tmpdir();
+    let engine = Engine::new().unwrap();
+    let t: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = (0..10)
+        .map(|i| {
+            let len = 1000 * (i + 1);
+            (
+                format!("layers.{i}.w"),
+                Dtype::U8,
+                vec![len],
+                pattern(len, i as u64),
+            )
+        })
+        .collect();
+    rt().block_on(async {
+        // 10 tensors of 1000..10000 bytes, at most 12000 bytes a shard: filled in order.
+        let files = save_sharded(&engine, &to_save(&t), dir.path(), 12_000, None)
+            .await
+            .unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.last().unwrap(), "model.safetensors.index.json");
+        assert!(names[0].starts_with("model-00001-of-"), "{names:?}");
+        let model = SafetensorsModel::open(&engine, dir.path()).await.unwrap();
+        assert_eq!(model.shards().len(), files.len() - 1);
+        let total: usize = t.iter().map(|x| x.3.len()).sum();
+        assert_eq!(model.metadata()["total_size"], total.to_string());
+        let ck = model.load_host(|_| true).await.unwrap();
+        for (n, _, _, bytes) in &t {
+            assert_eq!(ck.bytes(n).unwrap(), &bytes[..], "{n}");
+        }
+        // Small enough for one file: model.safetensors, no index.
+        let one = tmpdir();
+        let files = save_sharded(&engine, &to_save(&t), one.path(), 1 << 30, None)
+            .await
+            .unwrap();
+        assert_eq!(files, [one.path().join("model.safetensors")]);
+        assert!(
+            save_sharded(&engine, &to_save(&t), one.path(), 0, None)
+                .await
+                .is_err()
+        );
+    });
+    no_temp_files(dir.path());
+}

@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 pub use model::{INDEX_FILE, SafetensorsModel};
 pub use safetensors::Dtype;
-pub use save::{SaveTensor, save_file};
+pub use save::{SaveTensor, dtype_from_name, save_file, save_sharded};
 pub use shard::{ReplicaCopy, Replicas, Shard};
 
 mod model;

@@ -203,3 +203,89 @@ fn sync_dir(path: &Path) -> std::io::Result<()> {
     };
     std::fs::File::open(dir)?.sync_all()
 }
+
+/// The element type safetensors names `name` (`"F32"`, `"BF16"`, ...), if there is one.
+pub fn dtype_from_name(name: &str) -> Option<Dtype> {
+    serde_json::from_value(serde_json::Value::String(name.to_string())).ok()
+}
+
+/// Saves `tensors` as a model directory the way hubs keep one (huggingface_hub's
+/// `save_torch_state_dict` layout): shards of at most `max_shard_bytes` of tensor data each
+/// (a tensor larger than that gets a shard of its own), filled in the order given and named
+/// `model-00001-of-0000N.safetensors`, plus [`INDEX_FILE`](super::INDEX_FILE) mapping every
+/// tensor to its shard, with `total_size` in its metadata. One shard is saved as
+/// `model.safetensors`, with no index. `metadata` goes into every shard's header. Each file is
+/// saved as [`save_file`] saves one (whole or absent), the index last, so a directory whose
+/// index is present and fresh names only whole shards. Returns the files written.
+pub async fn save_sharded(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    dir: impl AsRef<Path>,
+    max_shard_bytes: u64,
+    metadata: Option<&HashMap<String, String>>,
+) -> Result<Vec<PathBuf>> {
+    let dir = dir.as_ref();
+    let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(dir));
+    if max_shard_bytes == 0 {
+        return Err(Error::invalid(ctx(), "a maximum shard size of 0 bytes"));
+    }
+    // Checked as a whole first: nothing is written for bad input.
+    layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
+    let mut shards: Vec<Vec<SaveTensor<'_>>> = Vec::new();
+    let mut room = 0u64;
+    for t in tensors {
+        let len = t.data.source().len() as u64;
+        if shards.is_empty() || len > room {
+            shards.push(Vec::new());
+            room = max_shard_bytes;
+        }
+        room = room.saturating_sub(len);
+        shards.last_mut().expect("pushed above").push(*t);
+    }
+    if shards.len() <= 1 {
+        let path = dir.join("model.safetensors");
+        save_file(engine, tensors, &path, metadata).await?;
+        return Ok(vec![path]);
+    }
+    let n = shards.len();
+    let mut written = Vec::with_capacity(n + 1);
+    let mut weight_map = serde_json::Map::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+        let path = dir.join(&name);
+        save_file(engine, shard, &path, metadata).await?;
+        for t in shard {
+            weight_map.insert(t.name.to_string(), serde_json::Value::String(name.clone()));
+        }
+        written.push(path);
+    }
+    let total: u64 = tensors.iter().map(|t| t.data.source().len() as u64).sum();
+    let index = serde_json::json!({
+        "metadata": { "total_size": total },
+        "weight_map": weight_map,
+    });
+    let text =
+        serde_json::to_vec_pretty(&index).map_err(|e| Error::invalid(ctx(), e.to_string()))?;
+    let path = dir.join(super::INDEX_FILE);
+    write_small_atomically(&path, &text).map_err(|e| Error::io(ctx(), e))?;
+    written.push(path);
+    Ok(written)
+}
+
+/// Writes a small file (an index) whole or not at all: a temporary beside it, fsynced,
+/// renamed, the directory fsynced.
+fn write_small_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let tmp = temp_name(path);
+    let done = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        sync_dir(path)
+    })();
+    if done.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    done
+}
