@@ -347,3 +347,19 @@ fn a_sharded_save_loads_back_as_one_model() {
     });
     no_temp_files(dir.path());
 }
+
+/// Saves and model loads are futures tokio can spawn: `Send` for every lifetime.
+#[test]
+fn save_and_model_futures_are_send() {
+    fn send<T: Send>(_: T) {}
+    let engine = Engine::new().unwrap();
+    let t = specimens(4);
+    let list = to_save(&t);
+    send(save_file(&engine, &list, "unused.safetensors", None));
+    send(gpuio::safetensors::save_sharded(
+        &engine, &list, "unused", 1, None,
+    ));
+    send(gpuio::safetensors::SafetensorsModel::open(
+        &engine, "unused",
+    ));
+}

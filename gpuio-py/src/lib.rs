@@ -15,6 +15,7 @@ mod file;
 mod memory;
 mod runner;
 mod safetensors;
+mod save;
 
 use pyo3::prelude::*;
 
@@ -73,6 +74,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<safetensors::LoadPlan>()?;
     m.add_function(wrap_pyfunction!(safetensors::open_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::read_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(save::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_class::<CheckReport>()?;

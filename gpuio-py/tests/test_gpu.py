@@ -328,3 +328,21 @@ def test_cancelled_device_read_is_ordered_before_later_work_on_its_stream(torch,
         return wrong
 
     assert asyncio.run(main()) == 0
+
+
+def test_save_from_gpu_memory_matches_safetensors(torch, tmp_path):
+    from safetensors.torch import save_file as st_save
+
+    from gpuio.safetensors import torch as gt
+
+    sd = {f"w{i}": torch.randn(257, 129 + i, device="cuda") for i in range(4)}
+    sd["h"] = torch.randn(1000, device="cuda").half()
+    sd["b"] = torch.randn(33, device="cuda").to(torch.bfloat16)
+    gt.save_file(sd, tmp_path / "gpu.safetensors", metadata={"from": "gpu"})
+    st_save({k: v.cpu() for k, v in sd.items()}, str(tmp_path / "ref.safetensors"), metadata={"from": "gpu"})
+    assert (tmp_path / "gpu.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    files = gt.save_torch_state_dict(sd, tmp_path / "model", max_shard_size=200_000)
+    assert len(files) > 2
+    back = gt.load_file(tmp_path / "model", device="cuda")
+    for k, v in sd.items():
+        assert torch.equal(back[k], v), k

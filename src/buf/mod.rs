@@ -94,6 +94,7 @@ impl sealed::Sealed for BytesMut {}
 impl sealed::Sealed for Bytes {}
 impl sealed::Sealed for str {}
 impl sealed::Sealed for String {}
+impl<T: WriteSrc + ?Sized> sealed::Sealed for &T {}
 
 impl ReadDst for [u8] {
     fn target(&mut self) -> ReadTarget<'_> {
@@ -119,6 +120,13 @@ impl ReadDst for BytesMut {
 impl WriteSrc for [u8] {
     fn source(&self) -> WriteSource<'_> {
         WriteSource::Host(self)
+    }
+}
+/// A reference is a source of what it refers to (so `&[u8]`, which is sized, can stand behind
+/// a `&dyn WriteSrc`).
+impl<T: WriteSrc + ?Sized> WriteSrc for &T {
+    fn source(&self) -> WriteSource<'_> {
+        (**self).source()
     }
 }
 impl<const N: usize> WriteSrc for [u8; N] {

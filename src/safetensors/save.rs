@@ -173,11 +173,14 @@ async fn write_all(
         false => create(false)?,
     };
     file.write_from(header, 0).await?;
-    let mut writes = futures::stream::iter(order.iter().map(|&(i, at, _)| {
-        let file = &file;
-        async move { file.write_from(tensors[i].data, at).await }
-    }))
-    .buffer_unordered(WRITES_IN_FLIGHT);
+    // By value, and no async block: a closure taking a reference makes the future fail to be
+    // `Send` for every lifetime (rustc's higher-ranked check), and tokio's spawn needs `Send`.
+    let file = &file;
+    let writes = order
+        .iter()
+        .copied()
+        .map(|(i, at, _)| file.write_from(tensors[i].data, at));
+    let mut writes = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(r) = writes.next().await {
         r?;
     }

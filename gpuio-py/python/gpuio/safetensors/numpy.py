@@ -25,6 +25,9 @@ _DTYPES = {
 }
 
 
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
 def _dtype(name, dtype):
     try:
         return np.dtype(_DTYPES[dtype]).newbyteorder("<")
@@ -75,4 +78,30 @@ def load_shards(
     )
 
 
-__all__ = ["load_file", "load_shards"]
+def save_file(
+    tensor_dict: Dict[str, np.ndarray],
+    filename: Union[str, "os.PathLike[str]"],
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> None:
+    """``safetensors.numpy.save_file`` through gpuio: the same file, byte for byte, written
+    into a temporary file that is fsynced and renamed into place."""
+    from gpuio.safetensors import default_engine
+
+    rows = []
+    for name, a in tensor_dict.items():
+        a = np.asarray(a)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))  # the format is little-endian
+        try:
+            dtype = _NAMES[a.dtype.newbyteorder("=")]
+        except KeyError:
+            raise TypeError(f"tensor {name!r}: {a.dtype} has no safetensors dtype") from None
+        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        rows.append((name, dtype, list(a.shape), flat))
+    engine = engine if engine is not None else default_engine()
+    gpuio._native.save_safetensors(engine, os.fspath(filename), rows, metadata)
+
+
+__all__ = ["load_file", "load_shards", "save_file"]

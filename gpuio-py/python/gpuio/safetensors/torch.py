@@ -168,4 +168,87 @@ def load_shards(
     )
 
 
-__all__ = ["load_file", "load_shards"]
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+def _parse_size(size):
+    """``5GB``-style sizes as huggingface_hub reads them (decimal units; ``GiB`` binary)."""
+    if isinstance(size, int):
+        return size
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40,
+             "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "B": 1}
+    text = str(size).strip().upper()
+    for unit, scale in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * scale)
+    return int(text)
+
+
+def _to_save(tensors):
+    rows, devices = [], set()
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tensor {name!r}: a torch.Tensor, not {type(t).__name__}")
+        if not t.is_contiguous():
+            raise ValueError(
+                f"tensor {name!r} is not contiguous: save t.contiguous() (as safetensors asks)"
+            )
+        try:
+            dtype = _NAMES[t.dtype]
+        except KeyError:
+            raise TypeError(f"tensor {name!r}: {t.dtype} has no safetensors dtype") from None
+        if t.device.type == "cuda":
+            devices.add(t.device)
+        elif t.device.type != "cpu":
+            raise ValueError(f"tensor {name!r} is on {t.device}: gpuio saves from 'cpu' or 'cuda'")
+        rows.append((name, dtype, list(t.shape), t.reshape(-1).view(torch.uint8)))
+    # The bytes are read as they are once queued work is done: wait for the producers.
+    for d in devices:
+        torch.cuda.current_stream(d).synchronize()
+    return rows
+
+
+def save_file(
+    tensors: Dict[str, "torch.Tensor"],
+    filename: Union[str, "os.PathLike[str]"],
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    engine: Optional[gpuio.Engine] = None,
+) -> None:
+    """``safetensors.torch.save_file`` through gpuio: the same file, byte for byte, written
+    from host or GPU memory (GPU tensors through pinned bounce buffers, no host copy of the
+    checkpoint), into a temporary file that is fsynced and renamed into place, so ``filename``
+    is never left holding part of a checkpoint."""
+    from gpuio.safetensors import default_engine
+
+    engine = engine if engine is not None else default_engine()
+    gpuio._native.save_safetensors(engine, os.fspath(filename), _to_save(tensors), metadata)
+
+
+def save_torch_state_dict(
+    state_dict: Dict[str, "torch.Tensor"],
+    save_directory: Union[str, "os.PathLike[str]"],
+    *,
+    max_shard_size: Union[int, str] = "5GB",
+    metadata: Optional[Dict[str, str]] = None,
+    engine: Optional[gpuio.Engine] = None,
+) -> List[str]:
+    """``huggingface_hub.save_torch_state_dict``'s layout through gpuio: shards of at most
+    ``max_shard_size`` (``"5GB"``, ``"500MB"``, or bytes) named
+    ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``, or one
+    ``model.safetensors`` where everything fits. Returns the files written (the index last)."""
+    from gpuio.safetensors import default_engine
+
+    engine = engine if engine is not None else default_engine()
+    os.makedirs(save_directory, exist_ok=True)
+    files = gpuio._native.save_safetensors(
+        engine,
+        os.fspath(save_directory),
+        _to_save(state_dict),
+        metadata,
+        _parse_size(max_shard_size),
+    )
+    return [os.fspath(f) for f in files]
+
+
+__all__ = ["load_file", "load_shards", "save_file", "save_torch_state_dict"]

@@ -1,0 +1,69 @@
+"""Saving checkpoints from Python: ``save_file`` writes what the safetensors package writes,
+byte for byte (numpy here; torch where installed, GPU tensors in test_gpu.py); directories of
+shards load back as one checkpoint; nothing is left under the final name on bad input."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import gpuio
+
+st_numpy = pytest.importorskip("safetensors.numpy", reason="the safetensors package is not installed")
+from gpuio.safetensors.numpy import load_file, save_file  # noqa: E402
+
+
+def arrays():
+    rng = np.random.default_rng(3)
+    return {
+        "w": rng.standard_normal((65, 7)).astype(np.float32),
+        "h": rng.standard_normal(9).astype(np.float16),
+        "i": rng.integers(-5, 5, size=(2, 2, 2), dtype=np.int64),
+        "m": rng.integers(0, 2, size=5).astype(bool),
+        "e": np.zeros((0, 3), dtype=np.float32),
+        "s": np.array(1.5, dtype=np.float64),
+        "be": np.arange(6, dtype=">i4"),
+    }
+
+
+def test_numpy_save_file_is_byte_identical(tmp_path):
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    meta = {"format": "np"}
+    save_file(arrays(), ours, metadata=meta)
+    st_numpy.save_file(arrays(), str(theirs), metadata=meta)
+    assert ours.read_bytes() == theirs.read_bytes()
+    back = load_file(ours)
+    for k, v in arrays().items():
+        assert np.array_equal(back[k], v), k
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_bad_tensor_keeps_the_old_file(tmp_path):
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(b"old")
+    with pytest.raises(TypeError):
+        save_file({"x": np.array(["a", "b"])}, path)
+    assert path.read_bytes() == b"old"
+
+
+def test_torch_save_file_and_sharded_state_dicts(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    st_torch = pytest.importorskip("safetensors.torch")
+    from gpuio.safetensors import torch as gt
+    sd = {f"layers.{i}.w": torch.randn(128, 64 + i) for i in range(6)}
+    sd["norm"] = torch.randn(64).to(torch.bfloat16)
+    ours, theirs = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    gt.save_file(sd, ours)
+    st_torch.save_file(sd, str(theirs))
+    assert ours.read_bytes() == theirs.read_bytes()
+    d = tmp_path / "model"
+    files = gt.save_torch_state_dict(sd, d, max_shard_size="80KB")
+    assert files[-1].endswith("model.safetensors.index.json")
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(sd)
+    back = gt.load_file(d)
+    for k, v in sd.items():
+        assert torch.equal(back[k], v), k
+    with pytest.raises(ValueError, match="not contiguous"):
+        gt.save_file({"t": torch.randn(4, 4).t()}, tmp_path / "c.safetensors")
