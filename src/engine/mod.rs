@@ -196,8 +196,20 @@ impl Engine {
         self.inner.bounce_bytes
     }
 
+    /// Readies the engine for transfers into and out of GPU memory: page-locks the bounce
+    /// pool with CUDA now (`ctx` is any context; the registration is portable across them).
+    /// Otherwise the first device transfer does it, and a large pool's registration (and the
+    /// first touch of its pages) is then part of that transfer's time: a service that loads
+    /// a checkpoint on request calls this at start-up. Returns whether the pool is pinned;
+    /// where the driver refuses, device copies still work from pageable memory, slower.
+    #[cfg(feature = "cuda")]
+    pub fn prepare_device(&self, ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> bool {
+        self.inner.shared.arena.ensure_pinned(ctx)
+    }
+
     /// Whether the bounce pool is page-locked with CUDA (it is pinned on the first device
-    /// transfer; `false` before that, on machines without CUDA, or where the driver refused).
+    /// transfer or by [`prepare_device`](Self::prepare_device); `false` before that, on
+    /// machines without CUDA, or where the driver refused).
     pub fn bounce_pool_pinned(&self) -> bool {
         #[cfg(feature = "cuda")]
         {
