@@ -5,6 +5,7 @@ mod bench;
 mod check;
 mod cleanup;
 mod cp;
+mod load;
 mod plot;
 mod read;
 mod size;
@@ -39,6 +40,9 @@ enum Cmd {
     Cp(cp::CpArgs),
     /// Read a whole file and report throughput and a checksum.
     Read(read::ReadArgs),
+    /// Load a checkpoint (a .safetensors file, a model directory or an index file) into GPU
+    /// or host memory, whole or across tensor-parallel ranks.
+    Load(load::LoadArgs),
     /// Measure read or write throughput, fio-style.
     Bench(bench::BenchArgs),
     /// Mixed reads and writes checked against a model of the file, on every backend.
@@ -62,6 +66,7 @@ fn main() -> ExitCode {
             Cmd::Check { path } => check::run(path),
             Cmd::Cp(args) => cp::run(args).await,
             Cmd::Read(args) => read::run(args).await,
+            Cmd::Load(args) => load::run(args).await,
             Cmd::Bench(args) => bench::run(args).await,
             Cmd::Soak(args) => soak::run(args).await,
         }

@@ -43,7 +43,7 @@ use std::sync::Arc;
 pub use model::{INDEX_FILE, SafetensorsModel};
 pub use safetensors::Dtype;
 pub use save::{SaveTensor, dtype_from_name, save_file, save_sharded};
-pub use shard::{ReplicaCopy, Replicas, Shard};
+pub use shard::{MAX_RANKS, ReplicaCopy, Replicas, Shard};
 
 mod model;
 mod parallel;
