@@ -77,6 +77,8 @@ pub async fn run(a: LoadArgs) -> CliResult {
     }
     let path = model.shards()[0].file().gds_status();
     for round in 1..=a.repeat {
+        let rss_before = rss_kib("VmRSS:");
+        reset_peak_rss();
         let t = Instant::now();
         let checked = match a.tp {
             None => load_whole(&model, &streams, a.verify).await?,
@@ -95,8 +97,37 @@ pub async fn run(a: LoadArgs) -> CliResult {
                 String::new()
             }
         )?;
+        if let (Some(before), Some(peak)) = (rss_before, rss_kib("VmHWM:")) {
+            // With --verify the host copies and file reads count too.
+            outln!(
+                "  host memory: peak resident {} above the {} before the load (bounce pool {})",
+                fmt_bytes(peak.saturating_sub(before) << 10),
+                fmt_bytes(before << 10),
+                fmt_bytes(engine.bounce_bytes() as u64)
+            )?;
+        }
     }
     Ok(())
+}
+
+/// A `/proc/self/status` field in KiB (`VmRSS:` now, `VmHWM:` the peak since the last
+/// [`reset_peak_rss`]); `None` where the file or field is missing.
+fn rss_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Resets the kernel's peak-RSS mark (`VmHWM`) to the current RSS, so that the next reading
+/// is this load's peak (writing 5 to `/proc/self/clear_refs`; Linux ≥ 4.0). Without it the
+/// peak is the process's since it started, an upper bound.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 /// The `--tp` rule: split along dimension 0 where it divides evenly, else replicate.

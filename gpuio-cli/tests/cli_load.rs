@@ -59,6 +59,7 @@ fn load_reads_a_model_directory_and_verifies_it() {
         "{r:?}"
     );
     assert!(r.stdout.contains("verified 4 tensors"), "{r:?}");
+    assert!(r.stdout.contains("host memory: peak resident"), "{r:?}");
     // Tensor-parallel over the shards: "a" and "bb" split (rows divide by 2), the rest
     // replicated.
     let r = run(gpuio()
