@@ -363,3 +363,34 @@ fn save_and_model_futures_are_send() {
         &engine, "unused",
     ));
 }
+
+/// A save whose future is dropped mid-write leaves no temporary file and no partial file.
+#[test]
+fn a_dropped_save_leaves_nothing_behind() {
+    let dir = tmpdir();
+    let engine = Engine::new().unwrap();
+    let t: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = (0..4)
+        .map(|i| {
+            (
+                format!("t{i}"),
+                Dtype::U8,
+                vec![8 << 20],
+                vec![i as u8; 8 << 20],
+            )
+        })
+        .collect();
+    let path = dir.path().join("model.safetensors");
+    rt().block_on(async {
+        let list = to_save(&t);
+        for ms in [0u64, 1, 3, 10] {
+            let save = save_file(&engine, &list, &path, None);
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(ms), save).await;
+            no_temp_files(dir.path());
+            if path.exists() {
+                // It finished before the timeout: whole.
+                assert!(std::fs::read(&path).unwrap() == reference(&t, None));
+                std::fs::remove_file(&path).unwrap();
+            }
+        }
+    });
+}

@@ -133,9 +133,10 @@ pub(super) fn read_copy_specs(
 pub(crate) enum DeviceCopyPlan {
     /// A batch's run: the batch's page-cache stage, or its combined copies (`op::combine`).
     Combined,
-    /// A small read on a stream that takes copies whose sources the driver reads during the
-    /// call ([`stageable`]): the page-cache stage, else one such call for the landed pieces,
-    /// whose slots then go straight back.
+    /// A small read (at most `CACHED_READ_MAX` bytes): where the stream takes copies whose
+    /// sources the driver reads during the call ([`stageable`], checked before each such
+    /// call), the page-cache stage, else one such call for the landed pieces, whose slots then
+    /// go straight back; otherwise a copy per piece.
     Staged,
     /// One copy per piece, the slots held behind an event.
     PerPiece,
@@ -197,11 +198,12 @@ impl DeviceCopyOut<'_> {
         if let Some(plan) = self.plan {
             return plan;
         }
+        // The stream's part (`stageable`) is a precondition checked before each staged call,
+        // not here: checking it here too would cost the first poll of every small read a
+        // second context bind and capture query.
         let plan = if self.combine.is_some() {
             DeviceCopyPlan::Combined
-        } else if self.dst.byte_len() <= super::cached::CACHED_READ_MAX
-            && stageable(&self.copy_stream())
-        {
+        } else if self.dst.byte_len() <= super::cached::CACHED_READ_MAX {
             DeviceCopyPlan::Staged
         } else {
             DeviceCopyPlan::PerPiece

@@ -59,8 +59,8 @@ pub(super) struct SideRoute {
 }
 
 /// Where an op waits to start its next piece: one of the reactor's queues, or none. One field
-/// instead of three flags (`in_runnable`, `window_blocked`, `page_cache_parked`), so an op is never
-/// in two of them at once.
+/// instead of three flags (`in_runnable`, `window_blocked`, `copy_parked`), so an op is never in
+/// two of them at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Queue {
     /// In `Reactor::runnable`: it has pieces to start.

@@ -65,16 +65,32 @@ pub async fn save_file(
     let (header, order) = layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
     let data_len: u64 = order.iter().map(|&(_, _, len)| len).sum();
     let total = header.len() as u64 + data_len;
-    let tmp = temp_name(path);
-    let result = write_all(engine, &tmp, &header, tensors, &order, data_len).await;
-    let result = result.and_then(|()| {
-        std::fs::rename(&tmp, path).map_err(|e| Error::io(ctx(), e))?;
-        sync_dir(path).map_err(|e| Error::io(ctx(), e))
-    });
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    let tmp = TempFile(Some(temp_name(path)));
+    let tmp_path = tmp.0.as_deref().unwrap_or(path);
+    write_all(engine, tmp_path, &header, tensors, &order, data_len).await?;
+    std::fs::rename(tmp_path, path).map_err(|e| Error::io(ctx(), e))?;
+    tmp.kept();
+    sync_dir(path).map_err(|e| Error::io(ctx(), e))?;
+    Ok(total)
+}
+
+/// A temporary file removed when this is dropped: on an error, and when the save's future is
+/// dropped mid-write (a write still in the kernel then lands in the unlinked file, never under
+/// any name). [`kept`](Self::kept) once it has been renamed into place.
+struct TempFile(Option<PathBuf>);
+
+impl TempFile {
+    fn kept(mut self) {
+        self.0 = None;
     }
-    result.map(|()| total)
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
 }
 
 /// The file's first bytes (length, header), and per tensor (in the file's order) its index in
