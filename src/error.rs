@@ -33,6 +33,10 @@ pub enum OpKind {
     Check,
     /// Preparing device memory for a transfer (the CUDA context, the range's allocation).
     DeviceMemory,
+    /// An agent's own work: registering memory, metadata, peers, notifications.
+    Agent,
+    /// A transfer between agents' memory.
+    Transfer,
 }
 
 impl fmt::Display for OpKind {
@@ -47,6 +51,8 @@ impl fmt::Display for OpKind {
             OpKind::Shutdown => "engine shutdown",
             OpKind::Check => "check",
             OpKind::DeviceMemory => "device memory",
+            OpKind::Agent => "agent",
+            OpKind::Transfer => "transfer",
         })
     }
 }
@@ -62,6 +68,8 @@ pub struct Context {
     pub offset: Option<u64>,
     /// The backend that served (or would have served) the request, e.g. `io_uring`.
     pub backend: Option<&'static str>,
+    /// The peer agent, for transfers and notifications between agents.
+    pub peer: Option<Arc<str>>,
 }
 
 impl Context {
@@ -72,6 +80,7 @@ impl Context {
             path: None,
             offset: None,
             backend: None,
+            peer: None,
         }
     }
 
@@ -89,6 +98,11 @@ impl Context {
         self.backend = Some(backend);
         self
     }
+
+    pub(crate) fn with_peer(mut self, peer: &str) -> Self {
+        self.peer = Some(peer.into());
+        self
+    }
 }
 
 impl fmt::Display for Context {
@@ -99,6 +113,9 @@ impl fmt::Display for Context {
         }
         if let Some(o) = self.offset {
             write!(f, " at offset {o}")?;
+        }
+        if let Some(p) = &self.peer {
+            write!(f, " with agent {p:?}")?;
         }
         if let Some(b) = self.backend {
             write!(f, " via {b}")?;

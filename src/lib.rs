@@ -49,6 +49,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod batch;
 pub mod buf;
 pub mod check;
@@ -66,6 +67,7 @@ pub mod reactor;
 pub mod safetensors;
 pub mod spdk;
 mod target;
+pub mod ucx;
 pub mod uring;
 
 pub use buf::aligned::AlignedBuf;

@@ -12,6 +12,7 @@ mod size;
 mod soak;
 mod stdout;
 mod validate;
+mod xfer;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +48,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Mixed reads and writes checked against a model of the file, on every backend.
     Soak(soak::SoakArgs),
+    /// Transfers between two agents (in this process or two), nixlbench-style.
+    Xfer(xfer::XferArgs),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
             Cmd::Load(args) => load::run(args).await,
             Cmd::Bench(args) => bench::run(args).await,
             Cmd::Soak(args) => soak::run(args).await,
+            Cmd::Xfer(args) => xfer::run(args).await,
         }
     });
     match r {

@@ -81,6 +81,8 @@ pub mod peer;
 pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod side;
+#[cfg(feature = "cuda")]
+pub(crate) mod xfer;
 
 #[cfg(feature = "cuda")]
 pub use cudarc;

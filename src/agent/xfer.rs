@@ -1,0 +1,469 @@
+//! Transfers: a READ or WRITE between a local and a remote descriptor list, checked once
+//! ([`XferRequest`], NIXL's transfer handle), posted as often as wanted, each posting a
+//! [`Transfer`] future.
+
+use std::future::Future;
+use std::pin::Pin as StdPin;
+use std::sync::{Arc, Condvar, Mutex};
+use std::task::{Context as TaskCx, Poll};
+
+use futures::task::AtomicWaker;
+
+use super::desc::{Desc, MemType};
+use super::hostcopy::Seg;
+use super::mem::{Pin, RegState};
+use super::notif::Notification;
+use super::peer::{Link, Peer};
+use super::{AgentShared, err};
+use crate::error::{Error, OpKind, Result};
+
+/// Which way a transfer moves data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XferOp {
+    /// From the remote descriptors into the local ones.
+    Read,
+    /// From the local descriptors into the remote ones.
+    Write,
+}
+
+impl std::str::FromStr for XferOp {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<XferOp, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "READ" => Ok(XferOp::Read),
+            "WRITE" => Ok(XferOp::Write),
+            other => Err(format!(
+                "unknown transfer operation {other:?} (READ or WRITE)"
+            )),
+        }
+    }
+}
+
+/// The path that moves a transfer's bytes, as reported by [`XferRequest::path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XferPath {
+    /// Both agents in this process, host memory on both sides: `memmove` on copy threads.
+    HostCopy,
+    /// Both agents in this process, device memory on a side: the CUDA driver's copies
+    /// (device to device, GPU to GPU peer copies, host to device).
+    CudaCopy,
+    /// A peer in another process or on another host: UCX.
+    Ucx,
+}
+
+impl std::fmt::Display for XferPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            XferPath::HostCopy => "memcpy (in process)",
+            XferPath::CudaCopy => "CUDA copy (in process)",
+            XferPath::Ucx => "UCX",
+        })
+    }
+}
+
+impl XferPath {
+    pub(crate) fn backend(self) -> &'static str {
+        match self {
+            XferPath::HostCopy => "memcpy",
+            XferPath::CudaCopy => "cuda",
+            XferPath::Ucx => "ucx",
+        }
+    }
+}
+
+/// Where a remote descriptor lies.
+#[derive(Clone)]
+pub(crate) enum RemoteRef {
+    /// In a registration of an agent in this process.
+    Local(Arc<RegState>),
+    /// In the peer's registration at this index of its metadata.
+    Ucx(usize),
+}
+
+/// A checked descriptor list, reusable with index selection (NIXL's `prep_xfer_dlist`).
+pub struct PreparedList {
+    pub(crate) mem: MemType,
+    /// `None`: this agent's own memory; else the peer it belongs to.
+    pub(crate) peer: Option<Arc<Peer>>,
+    pub(crate) local: Vec<(Desc, Arc<RegState>)>,
+    pub(crate) remote: Vec<(Desc, RemoteRef)>,
+}
+
+impl PreparedList {
+    /// Number of descriptors.
+    pub fn len(&self) -> usize {
+        self.local.len().max(self.remote.len())
+    }
+    /// Whether it has none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A checked transfer, ready to post (NIXL's transfer handle). Posting it again repeats it.
+pub struct XferRequest {
+    pub(crate) agent: Arc<AgentShared>,
+    pub(crate) op: XferOp,
+    pub(crate) peer: Arc<Peer>,
+    pub(crate) local_mem: MemType,
+    pub(crate) remote_mem: MemType,
+    pub(crate) local: Vec<(Desc, Arc<RegState>)>,
+    pub(crate) remote: Vec<(Desc, RemoteRef)>,
+    pub(crate) notif: Option<Arc<[u8]>>,
+    pub(crate) path: XferPath,
+}
+
+impl XferRequest {
+    /// The path that moves this transfer's bytes.
+    pub fn path(&self) -> XferPath {
+        self.path
+    }
+    /// Bytes one posting moves.
+    pub fn bytes(&self) -> u64 {
+        self.local.iter().map(|(d, _)| d.len).sum()
+    }
+    /// Descriptors one posting moves.
+    pub fn descs(&self) -> usize {
+        self.local.len()
+    }
+    /// The peer's name.
+    pub fn peer(&self) -> &str {
+        &self.peer.name
+    }
+    /// Replaces the notification later postings carry.
+    pub fn set_notification(&mut self, msg: Option<&[u8]>) {
+        self.notif = msg.map(Arc::from);
+    }
+
+    fn error(&self, reason: impl Into<String>) -> Error {
+        Error::invalid(
+            err(OpKind::Transfer, &self.peer.name).with_backend(self.path.backend()),
+            reason,
+        )
+    }
+
+    /// Starts the transfer. It runs to completion whatever happens to the returned future;
+    /// the memory it touches stays registered until it has finished (see `agent::mem`).
+    pub fn post(&self) -> Result<Transfer> {
+        if !self.agent.peer_is_current(&self.peer) {
+            return Err(self.error(format!(
+                "agent {:?} was removed or reloaded since this transfer was prepared",
+                self.peer.name
+            )));
+        }
+        let mut pins: Vec<Pin> = Vec::with_capacity(4);
+        let mut pin = |r: &Arc<RegState>, side: &str| -> Result<()> {
+            if pins.last().is_some_and(|p| Arc::ptr_eq(p.state(), r)) {
+                return Ok(());
+            }
+            match r.pin() {
+                Some(p) => {
+                    pins.push(p);
+                    Ok(())
+                }
+                None => Err(self.error(format!(
+                    "the {side} registration {} ({} bytes at {:#x}) was deregistered",
+                    r.id, r.desc.len, r.desc.addr
+                ))),
+            }
+        };
+        for (_, r) in &self.local {
+            pin(r, "local")?;
+        }
+        for (_, r) in &self.remote {
+            if let RemoteRef::Local(r) = r {
+                pin(r, "remote")?;
+            }
+        }
+        let state = Arc::new(XferState::default());
+        let done = Completion {
+            state: state.clone(),
+            pins,
+            notify: self.notif.as_ref().map(|m| {
+                (
+                    self.peer.clone(),
+                    Notification {
+                        from: self.agent.name.clone(),
+                        msg: m.to_vec(),
+                    },
+                )
+            }),
+            ctx_peer: self.peer.name.clone(),
+            backend: self.path.backend(),
+            failure: None,
+        };
+        match &self.peer.link {
+            Link::Local { .. } => self.run_local(done),
+            Link::Remote(remote) => remote.post(self, done),
+        }
+        Ok(Transfer {
+            state,
+            path: self.path,
+        })
+    }
+
+    /// The (destination, source) ranges, in descriptor order.
+    pub(crate) fn segs(&self) -> Vec<Seg> {
+        self.local
+            .iter()
+            .zip(&self.remote)
+            .map(|((l, _), (r, _))| {
+                let (dst, src) = match self.op {
+                    XferOp::Read => (l.addr, r.addr),
+                    XferOp::Write => (r.addr, l.addr),
+                };
+                Seg {
+                    dst,
+                    src,
+                    len: l.len,
+                }
+            })
+            .collect()
+    }
+
+    fn run_local(&self, done: Completion) {
+        let segs = self.segs();
+        match self.path {
+            XferPath::HostCopy => {
+                let done = Box::new(move || done.finish(Ok(())));
+                // SAFETY: every range lies in a registration pinned by `done` (checked when
+                // the request was made, pinned above), and pinned registrations keep their
+                // memory until `done` runs, which `copy` calls after the last byte.
+                unsafe { super::hostcopy::copy(segs, done) };
+            }
+            XferPath::CudaCopy => self.run_cuda(segs, done),
+            XferPath::Ucx => done.finish(Err("a local peer on the UCX path".into())),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn run_cuda(&self, segs: Vec<Seg>, done: Completion) {
+        let (dst_mem, src_mem, dst_dev, src_dev) = match self.op {
+            XferOp::Read => (
+                self.local_mem,
+                self.remote_mem,
+                self.local.first().map(|d| d.0.dev),
+                self.remote.first().map(|d| d.0.dev),
+            ),
+            XferOp::Write => (
+                self.remote_mem,
+                self.local_mem,
+                self.remote.first().map(|d| d.0.dev),
+                self.local.first().map(|d| d.0.dev),
+            ),
+        };
+        // The copy runs on the destination GPU's queue where the destination is device
+        // memory, else on the source's.
+        let gpu = if dst_mem == MemType::Device {
+            dst_dev
+        } else {
+            src_dev
+        }
+        .unwrap_or(0) as usize;
+        let other = if dst_mem == MemType::Device && src_mem == MemType::Device {
+            src_dev.filter(|&s| s as usize != gpu)
+        } else {
+            None
+        };
+        let queue = match self.agent.copy_queue(gpu, other.map(|d| d as usize)) {
+            Ok(q) => q,
+            Err(e) => return done.finish(Err(e)),
+        };
+        for s in &segs {
+            // SAFETY: both ranges lie in registrations `done` pins until the queue reports
+            // these copies complete.
+            if let Err(e) = unsafe { queue.copy(s.dst, s.src, s.len as usize) } {
+                // Copies already queued still run: finish only behind them.
+                let why = e.clone();
+                if let Err(e2) = queue.then(Box::new(move |_| done.finish(Err(why)))) {
+                    // No waiter either: nothing can tell when the queued copies end, so the
+                    // pins (and the memory) are kept for good rather than released early.
+                    tracing::error!("agent copy queue failed ({e}; {e2}): keeping its memory");
+                }
+                return;
+            }
+        }
+        if let Err(e) = queue.then(Box::new(move |r| done.finish(r))) {
+            tracing::error!("agent copy queue failed ({e}): keeping its memory");
+        }
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn run_cuda(&self, _segs: Vec<Seg>, done: Completion) {
+        done.finish(Err(
+            "device memory needs gpuio built with its cuda feature".into()
+        ))
+    }
+}
+
+/// What finishing a transfer does, once its last byte has landed or it has failed: release
+/// the registrations, deliver the notification (only on success), then wake the future.
+pub(crate) struct Completion {
+    state: Arc<XferState>,
+    pins: Vec<Pin>,
+    notify: Option<(Arc<Peer>, Notification)>,
+    ctx_peer: String,
+    backend: &'static str,
+    /// A failure found while issuing, reported once what was issued has finished.
+    failure: Option<String>,
+}
+
+impl Completion {
+    pub(crate) fn set_failure(&mut self, why: String) {
+        self.failure.get_or_insert(why);
+    }
+
+    pub(crate) fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
+    }
+
+    /// The notification to send through the transport after the data (remote peers).
+    pub(crate) fn take_notification(&mut self) -> Option<Notification> {
+        self.notify.take().map(|(_, n)| n)
+    }
+
+    pub(crate) fn finish(self, r: std::result::Result<(), String>) {
+        let Completion {
+            state,
+            pins,
+            notify,
+            ctx_peer,
+            backend,
+            failure,
+        } = self;
+        let r = match failure {
+            Some(why) => Err(why),
+            None => r,
+        };
+        drop(pins);
+        if r.is_ok() {
+            if let Some((peer, n)) = notify {
+                if let Link::Local { notifs, .. } = &peer.link {
+                    notifs.push(n);
+                }
+            }
+        }
+        let r = r.map_err(|why| {
+            Error::io(
+                err(OpKind::Transfer, &ctx_peer).with_backend(backend),
+                std::io::Error::other(why),
+            )
+        });
+        state.set(r);
+    }
+}
+
+/// What a transfer's future and its completion share.
+#[derive(Default)]
+pub(crate) struct XferState {
+    result: Mutex<Option<Result<()>>>,
+    cv: Condvar,
+    waker: AtomicWaker,
+}
+
+impl XferState {
+    fn set(&self, r: Result<()>) {
+        *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        self.cv.notify_all();
+        self.waker.wake();
+    }
+
+    fn peek(&self) -> Option<Result<()>> {
+        self.result
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|r| r.as_ref().map(|_| ()).map_err(Error::duplicate))
+    }
+}
+
+/// Where a transfer stands (NIXL's `check_xfer_state`).
+#[derive(Debug)]
+pub enum XferStatus {
+    /// Still moving data.
+    InProgress,
+    /// Every byte landed (and the notification, if any, was delivered or sent).
+    Done,
+    /// It failed; the error says why.
+    Failed(Error),
+}
+
+/// A posted transfer: a future of its result. Dropping or leaking it leaves the transfer
+/// running to completion; the memory it touches stays registered until then.
+#[must_use = "a transfer runs anyway; await it (or check its status) to learn its result"]
+pub struct Transfer {
+    state: Arc<XferState>,
+    path: XferPath,
+}
+
+impl Transfer {
+    /// The path that moves the bytes.
+    pub fn path(&self) -> XferPath {
+        self.path
+    }
+
+    /// Where it stands, without waiting.
+    pub fn status(&self) -> XferStatus {
+        match self.state.peek() {
+            None => XferStatus::InProgress,
+            Some(Ok(())) => XferStatus::Done,
+            Some(Err(e)) => XferStatus::Failed(e),
+        }
+    }
+
+    /// Blocks the calling thread until it finishes (for bindings and sync callers).
+    pub fn wait(&self) -> Result<()> {
+        let mut g = self.state.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.as_ref().map(|_| ()).map_err(Error::duplicate);
+            }
+            g = self.state.cv.wait(g).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Future for Transfer {
+    type Output = Result<()>;
+    fn poll(self: StdPin<&mut Self>, cx: &mut TaskCx<'_>) -> Poll<Result<()>> {
+        if let Some(r) = self.state.peek() {
+            return Poll::Ready(r);
+        }
+        self.state.waker.register(cx.waker());
+        match self.state.peek() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("path", &self.path)
+            .field("status", &self.status())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for XferRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XferRequest")
+            .field("op", &self.op)
+            .field("peer", &self.peer.name)
+            .field("descs", &self.local.len())
+            .field("bytes", &self.bytes())
+            .field("path", &self.path)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for PreparedList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PreparedList")
+            .field("mem", &self.mem)
+            .field("peer", &self.peer.as_ref().map(|p| p.name.as_str()))
+            .field("len", &self.len())
+            .finish()
+    }
+}

@@ -1,0 +1,109 @@
+//! Copies between registered memory of agents in one process (`crate::agent`): the CUDA
+//! driver's own copies (device to device, GPU to GPU over NVLink or PCIe, host to device),
+//! queued on a stream of one GPU and reported done by a waiter thread.
+//!
+//! Why a waiter thread and not `cuLaunchHostFunc`: a host function is never called once the
+//! context has failed, so a transfer queued behind a failed copy would wait for good. The
+//! waiter synchronises a blocking-sync event recorded behind each transfer's copies (it sleeps
+//! in the driver, no spinning) and reports the driver's error, if any, with the transfer.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+
+use cudarc::driver::sys::{self, CUevent_flags, CUresult};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
+
+/// What a [`CopyQueue`] calls once a transfer's copies are done (or failed).
+pub(crate) type CopyDone = Box<dyn FnOnce(Result<(), String>) + Send>;
+
+/// A stream on one GPU for agent copies, and the thread that reports their completions.
+pub(crate) struct CopyQueue {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    /// Events recorded behind transfers, in stream order, with what to call when each passes.
+    /// Dropping the sender ends the waiter once it has reported everything queued.
+    waiter: Option<mpsc::Sender<(CudaEvent, CopyDone)>>,
+}
+
+impl CopyQueue {
+    /// A queue on GPU `ordinal`'s primary context.
+    pub(crate) fn new(ordinal: usize) -> Result<CopyQueue, String> {
+        let ctx = super::context(ordinal).map_err(|e| e.to_string())?;
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| format!("cuStreamCreate: {e:?}"))?;
+        let (tx, rx) = mpsc::channel::<(CudaEvent, CopyDone)>();
+        std::thread::Builder::new()
+            .name(format!("gpuio-agent-gpu{ordinal}"))
+            .spawn(move || {
+                for (event, done) in rx {
+                    let r = event
+                        .synchronize()
+                        .map_err(|e| format!("copy between registrations: {e:?}"));
+                    done(r);
+                }
+            })
+            .map_err(|e| format!("spawning the copy waiter: {e}"))?;
+        Ok(CopyQueue {
+            ctx,
+            stream,
+            waiter: Some(tx),
+        })
+    }
+
+    /// The GPU this queue copies on.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// The context, for turning on peer access.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Queues a copy of `len` bytes from `src` to `dst`, either of which may be host or device
+    /// memory (unified addressing tells the driver which).
+    ///
+    /// # Safety
+    /// `src` must be readable and `dst` writable for `len` bytes until the completion of a
+    /// later [`then`](Self::then) on this queue has been reported.
+    pub(crate) unsafe fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), String> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| format!("binding GPU {}: {e:?}", self.ordinal()))?;
+        // SAFETY: the caller keeps both ranges valid until the queue reports completion; the
+        // stream belongs to the bound context.
+        let rc = unsafe { sys::cuMemcpyAsync(dst, src, len, self.stream.cu_stream()) };
+        if rc == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("cuMemcpyAsync of {len} bytes: {rc:?}"))
+        }
+    }
+
+    /// Calls `done` once every copy queued so far has completed, from the waiter thread.
+    pub(crate) fn then(&self, done: CopyDone) -> Result<(), String> {
+        // Blocking sync: the waiter sleeps in the driver instead of spinning on a core. (Timing
+        // stays on: cudarc's flags are an enum, which cannot hold two flags ORed.)
+        let flags = CUevent_flags::CU_EVENT_BLOCKING_SYNC;
+        let event = self
+            .ctx
+            .new_event(Some(flags))
+            .map_err(|e| format!("cuEventCreate: {e:?}"))?;
+        event
+            .record(&self.stream)
+            .map_err(|e| format!("cuEventRecord: {e:?}"))?;
+        let Some(tx) = &self.waiter else {
+            return Err("the copy queue has closed".into());
+        };
+        tx.send((event, done))
+            .map_err(|_| "the copy waiter has exited".to_string())
+    }
+}
+
+impl Drop for CopyQueue {
+    fn drop(&mut self) {
+        // The waiter drains what is queued, then sees the channel closed and exits.
+        self.waiter = None;
+    }
+}
