@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use gpuio::Engine;
-use gpuio::agent::{Agent, Desc, DescList, MemType, XferOp};
+use gpuio::agent::{Agent, Desc, DescList, XferOp};
 
 use crate::CliResult;
 use crate::size::{ByteSize, fmt_bytes, short_size};
@@ -101,7 +101,12 @@ impl Held {
     }
 }
 
-fn register(agent: &Agent, spec: MemSpec, bytes: usize, fill: u8) -> CliResult<Held> {
+fn register(
+    agent: &Agent,
+    spec: MemSpec,
+    bytes: usize,
+    fill: u8,
+) -> Result<Held, Box<dyn std::error::Error + Send + Sync>> {
     match spec {
         MemSpec::Dram => Ok(Held::Host(agent.register(vec![fill; bytes])?)),
         MemSpec::Vram(n) => {
@@ -217,7 +222,7 @@ pub async fn run(a: XferArgs) -> CliResult {
     let result = if a.notif {
         notif_latency(&a, &initiator)
     } else {
-        transfers(&a, &initiator, &mine, &theirs)
+        transfers(&a, &initiator, &mine, &theirs).await
     };
     if let Some((stop, t)) = local_echo {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -230,7 +235,7 @@ pub async fn run(a: XferArgs) -> CliResult {
     result
 }
 
-fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescList) -> CliResult {
+async fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescList) -> CliResult {
     let size = a.size.0;
     let local = split(&mine.descs(), a.descs, size);
     let remote = split(theirs, a.descs, size);
@@ -275,7 +280,7 @@ fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescList) ->
         us(0.99),
         cpu / secs,
         req.path()
-    );
+    )?;
     if a.json {
         outln!(
             "{}",
@@ -286,7 +291,7 @@ fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescList) ->
                 "p50_us": us(0.5), "p99_us": us(0.99), "cores": cpu / secs,
                 "path": req.path().to_string(), "bytes": fmt_bytes(bytes),
             })
-        );
+        )?;
     }
     Ok(())
 }
@@ -314,12 +319,12 @@ fn notif_latency(a: &XferArgs, initiator: &Agent) -> CliResult {
         if a.procs == 1 { "" } else { "es" },
         us(0.5),
         us(0.99)
-    );
+    )?;
     if a.json {
         outln!(
             "{}",
             serde_json::json!({"notif_one_way_p50_us": us(0.5), "p99_us": us(0.99), "procs": a.procs})
-        );
+        )?;
     }
     Ok(())
 }

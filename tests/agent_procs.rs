@@ -1,0 +1,284 @@
+//! Agents in two processes, over UCX (TCP over loopback stands in for a network): READ and
+//! WRITE of host memory, notifications after the data, stale metadata of a restarted peer,
+//! and a peer killed with SIGKILL mid-transfer failing its transfers within a bounded time
+//! while another peer goes on.
+//!
+//! The peer is this test binary run again with `--ignored --exact child_target`: it registers
+//! memory, prints its metadata and descriptors, loads the parent's metadata, echoes
+//! notifications, and exits when its stdin closes.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpuio::Engine;
+use gpuio::agent::{Agent, AgentConfig, DescList, UcxMode, XferOp, XferPath};
+
+const SIZE: usize = 8 << 20;
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    let s = s.trim();
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+/// UCX, or `None` with the reason printed (a failure where CI requires UCX).
+fn ucx_or_skip() -> Option<()> {
+    match gpuio::ucx::probe() {
+        Ok(_) => Some(()),
+        Err(e) if std::env::var("GPUIO_UCX_REQUIRED").as_deref() == Ok("1") => {
+            panic!("UCX is required here (GPUIO_UCX_REQUIRED=1): {e}")
+        }
+        Err(e) => {
+            println!("SKIPPED: no UCX: {e}");
+            None
+        }
+    }
+}
+
+struct Peer {
+    child: Child,
+    name: String,
+    descs: DescList,
+}
+
+impl Peer {
+    fn start(name: &str, seed: u8, parent: &Agent) -> Peer {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--ignored", "--exact", "child_target", "--nocapture"])
+            .env("GPUIO_AGENT_CHILD", format!("{name}:{seed}"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let (mut meta, mut descs) = (None, None);
+        let mut line = String::new();
+        while meta.is_none() || descs.is_none() {
+            line.clear();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "the child exited early"
+            );
+            if let Some(m) = line.strip_prefix("META ") {
+                meta = Some(unhex(m));
+            } else if let Some(d) = line.strip_prefix("DESCS ") {
+                descs = Some(DescList::deserialize(&unhex(d)).unwrap());
+            }
+        }
+        // Keep draining the child's stdout so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        let stdin = child.stdin.as_mut().unwrap();
+        writeln!(stdin, "META {}", hex(&parent.metadata())).unwrap();
+        stdin.flush().unwrap();
+        let got = parent.add_peer(meta.as_ref().unwrap()).unwrap();
+        assert_eq!(got, name);
+        Peer {
+            child,
+            name: name.to_string(),
+            descs: descs.unwrap(),
+        }
+    }
+
+    fn stop(mut self) {
+        drop(self.child.stdin.take());
+        assert!(self.child.wait().unwrap().success());
+    }
+}
+
+#[test]
+#[ignore = "the peer process of the tests in this file, started by them"]
+fn child_target() {
+    let Ok(spec) = std::env::var("GPUIO_AGENT_CHILD") else {
+        return;
+    };
+    let (name, seed) = spec.split_once(':').unwrap();
+    let e = Engine::new().unwrap();
+    let cfg = AgentConfig {
+        ucx: UcxMode::Required,
+    };
+    let me = Agent::with_config(&e, name, cfg).unwrap();
+    let reg = me.register(pattern(SIZE, seed.parse().unwrap())).unwrap();
+    println!("META {}", hex(&me.metadata()));
+    println!("DESCS {}", hex(&reg.descs().serialize()));
+    std::io::stdout().flush().unwrap();
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    stdin.lock().read_line(&mut line).unwrap();
+    me.add_peer(&unhex(line.strip_prefix("META ").unwrap()))
+        .unwrap();
+    // Echo notifications; on "check", answer whether the memory holds the parent's WRITE.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let echo = {
+        let (me, stop) = (me.clone(), stop.clone());
+        let addr = reg.descs().descs[0].addr;
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(n) = me.wait_notification(Duration::from_millis(20)) {
+                    let reply = if n.msg.starts_with(b"written:") {
+                        // The WRITE's notification: its bytes must have landed already.
+                        let seed: u8 = String::from_utf8_lossy(&n.msg[8..]).parse().unwrap();
+                        // SAFETY: `reg` outlives this thread (joined below) and the parent
+                        // writes nothing more until it gets this answer.
+                        let now = unsafe { std::slice::from_raw_parts(addr as *const u8, SIZE) };
+                        if now == pattern(SIZE, seed).as_slice() {
+                            b"landed".to_vec()
+                        } else {
+                            b"missing".to_vec()
+                        }
+                    } else {
+                        n.msg
+                    };
+                    me.send_notification(&n.from, &reply).unwrap();
+                }
+            }
+        })
+    };
+    while stdin.lock().read_line(&mut line).unwrap() > 0 {}
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    echo.join().unwrap();
+    drop(reg);
+}
+
+fn parent(e: &Engine) -> Agent {
+    let cfg = AgentConfig {
+        ucx: UcxMode::Required,
+    };
+    Agent::with_config(e, "parent", cfg).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn read_write_and_notifications_across_processes() {
+    if ucx_or_skip().is_none() {
+        return;
+    }
+    let e = Engine::new().unwrap();
+    let me = parent(&e);
+    let peer = Peer::start("target", 7, &me);
+    let mine = me.register(vec![0u8; SIZE]).unwrap();
+    let read = me
+        .request(XferOp::Read, &mine.descs(), &peer.name, &peer.descs, None)
+        .unwrap();
+    assert_eq!(read.path(), XferPath::Ucx);
+    read.post().unwrap().await.unwrap();
+    // WRITE another pattern back with a notification; the peer checks its memory when the
+    // notification arrives and answers.
+    let mine = mine.release().await;
+    assert_eq!(mine, pattern(SIZE, 7));
+    let mine = me.register(pattern(SIZE, 99)).unwrap();
+    me.transfer(
+        XferOp::Write,
+        &mine.descs(),
+        &peer.name,
+        &peer.descs,
+        Some(b"written:99"),
+    )
+    .unwrap()
+    .await
+    .unwrap();
+    let answer = me.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(answer.msg, b"landed", "the notification overtook the data");
+    // Ping-pong.
+    for i in 0..100u32 {
+        me.send_notification(&peer.name, &i.to_le_bytes()).unwrap();
+        let n = me.wait_notification(Duration::from_secs(10)).unwrap();
+        assert_eq!(n.msg, i.to_le_bytes());
+    }
+    peer.stop();
+    drop(mine);
+}
+
+#[test]
+fn a_killed_peer_fails_its_transfers_and_others_go_on() {
+    if ucx_or_skip().is_none() {
+        return;
+    }
+    let e = Engine::new().unwrap();
+    let me = parent(&e);
+    let doomed = Peer::start("doomed", 1, &me);
+    let other = Peer::start("other", 2, &me);
+    let mine = me.register(vec![0u8; SIZE]).unwrap();
+    let to_doomed = me
+        .request(
+            XferOp::Read,
+            &mine.descs(),
+            &doomed.name,
+            &doomed.descs,
+            None,
+        )
+        .unwrap();
+    let to_other = me
+        .request(XferOp::Read, &mine.descs(), &other.name, &other.descs, None)
+        .unwrap();
+    to_doomed.post().unwrap().wait().unwrap();
+    // Kill it with transfers in flight.
+    let mut doomed_child = doomed.child;
+    let inflight: Vec<_> = (0..8).map(|_| to_doomed.post().unwrap()).collect();
+    doomed_child.kill().unwrap();
+    let t = Instant::now();
+    let mut failed = 0;
+    for x in inflight {
+        if x.wait().is_err() {
+            failed += 1;
+        }
+    }
+    // Later transfers fail too (once UCX has noticed), within a bounded time.
+    loop {
+        match to_doomed.post().unwrap().wait() {
+            Err(e) => {
+                println!("after SIGKILL: {e}");
+                break;
+            }
+            Ok(()) => assert!(t.elapsed() < Duration::from_secs(30), "no error in 30 s"),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "{failed} of 8 in-flight transfers failed; error after {:?}",
+        t.elapsed()
+    );
+    assert!(t.elapsed() < Duration::from_secs(30));
+    let _ = doomed_child.wait();
+    // The other peer is unaffected.
+    to_other.post().unwrap().wait().unwrap();
+    assert_eq!(mine.release_blocking(), pattern(SIZE, 2));
+    other.stop();
+}
+
+#[test]
+fn metadata_of_a_restarted_peer_is_refreshed_and_old_requests_fail() {
+    if ucx_or_skip().is_none() {
+        return;
+    }
+    let e = Engine::new().unwrap();
+    let me = parent(&e);
+    let first = Peer::start("target", 3, &me);
+    let mine = me.register(vec![0u8; SIZE]).unwrap();
+    let old = me
+        .request(XferOp::Read, &mine.descs(), "target", &first.descs, None)
+        .unwrap();
+    old.post().unwrap().wait().unwrap();
+    first.stop();
+    // The peer restarts under the same name; its new metadata replaces the old.
+    let second = Peer::start("target", 4, &me);
+    let err = old.post().unwrap_err().to_string();
+    assert!(err.contains("reloaded"), "{err}");
+    me.transfer(XferOp::Read, &mine.descs(), "target", &second.descs, None)
+        .unwrap()
+        .wait()
+        .unwrap();
+    assert_eq!(mine.release_blocking(), pattern(SIZE, 4));
+    second.stop();
+}
