@@ -13,7 +13,7 @@ use crate::file::OpenOptions;
 /// One part of a [`Report`]: a name to find it by and the lines it prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Section {
-    /// `gpuio`, `io_uring`, `engine`, `path`, `cuda`, `gds` or `spdk`.
+    /// `gpuio`, `io_uring`, `engine`, `path`, `cuda`, `gds`, `spdk` or `ucx`.
     pub name: &'static str,
     /// The lines as printed (details indented by two spaces).
     pub lines: Vec<String>,
@@ -126,6 +126,7 @@ pub fn report(path: &Path) -> Result<Report> {
     #[cfg(feature = "cuda")]
     report_gds(r.push("gds"), path, &meta, &probe);
     report_spdk(r.push("spdk"));
+    report_ucx(r.push("ucx"));
     Ok(r)
 }
 
@@ -224,6 +225,28 @@ fn report_peers(lines: &mut Vec<String>, n: usize) {
             "read by every GPU from the file (not every pair reaches each other directly)"
         }
     ));
+}
+
+/// Whether agents can reach other processes and hosts (UCX), and with device memory.
+fn report_ucx(lines: &mut Vec<String>) {
+    lines.push("UCX (agents in other processes and on other hosts):".into());
+    match crate::ucx::probe() {
+        Ok(i) => {
+            lines.push(format!("  library: UCX {} at {}", i.version, i.library));
+            lines.push(if i.cuda {
+                "  CUDA: yes (device memory moves over UCX's CUDA transports)".into()
+            } else {
+                "  CUDA: no (host memory only to other processes; for device memory point \
+                 GPUIO_UCX_DIR at a UCX built with CUDA, e.g. the libucx-cu13 wheel's lib/)"
+                    .into()
+            });
+        }
+        Err(e) => lines.push(format!("  library: NOT USABLE ({e})")),
+    }
+    lines.push(
+        "  agents in one process copy directly (memcpy threads, CUDA copies) and need no UCX"
+            .into(),
+    );
 }
 
 /// Whether NVMe namespaces can be opened through SPDK here, and what is missing if not.

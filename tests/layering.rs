@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 /// acyclic, and lower layers freely; never a higher one.
 const LAYERS: &[&[&str]] = &[
     &["error"],
-    &["spdk", "cuda"],
+    &["spdk", "cuda", "ucx"],
     &["buf"],
     &["gds", "plan"],
     &["target"],
@@ -25,7 +25,7 @@ const LAYERS: &[&[&str]] = &[
     &["op"],
     &["reactor"],
     &["engine"],
-    &["file"],
+    &["file", "agent"],
     &["batch"],
     &["safetensors"],
     &["check"],
@@ -298,8 +298,9 @@ fn the_reactor_names_no_backend_and_no_cuda() {
 }
 
 /// Every foreign call goes through its backend's checked tier: cuFile's symbols are called in
-/// `gds/sys.rs` and `gds/result.rs` only, SPDK's in `spdk/{sys,env,ctrlr}.rs`, and the CUDA
-/// driver's raw (`cudarc::driver::sys`) entry points in `src/cuda/` only. Lanes, ops and the
+/// `gds/sys.rs` and `gds/result.rs` only, SPDK's in `spdk/{sys,env,ctrlr}.rs`, UCX's (the
+/// `ucp_`/`ucs_` function table) in `ucx/sys.rs` and `ucx/result.rs`, and the CUDA driver's
+/// raw (`cudarc::driver::sys`) entry points in `src/cuda/` only. Lanes, ops, agents and the
 /// reactor call those tiers' wrappers.
 #[test]
 fn foreign_calls_stay_in_their_tiers() {
@@ -316,6 +317,8 @@ fn foreign_calls_stay_in_their_tiers() {
             "lib().spdk_",
             &["spdk/sys.rs", "spdk/env.rs", "spdk/ctrlr.rs"],
         ),
+        ("lib.ucp_", &["ucx/sys.rs", "ucx/result.rs"]),
+        ("lib.ucs_", &["ucx/sys.rs", "ucx/result.rs"]),
         ("sys::cu", &["cuda/"]),
         ("cu::cu", &["cuda/"]),
     ];

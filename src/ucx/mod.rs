@@ -148,9 +148,9 @@ impl Context {
     /// # Safety
     /// `[addr, addr + len)` is memory of type `kind` (host memory, or CUDA device memory of a
     /// device UCX can see) that stays allocated while the handle lives — and for as long after
-    /// as any peer holding its key may still read or write it: some transports (CMA, TCP) do
-    /// not revoke a peer's access when the range is unmapped, so the caller's protocol must
-    /// stop peers first.
+    /// as any peer holding its key may still read or write it: unmapping need not revoke a
+    /// peer's access (CMA, for one, reads and writes the target process's memory with no
+    /// registration there at all), so the caller's protocol must stop peers first.
     pub(crate) unsafe fn mem_map(
         self: &Arc<Self>,
         addr: *mut u8,
