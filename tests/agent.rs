@@ -13,7 +13,10 @@ fn engine() -> Engine {
 
 /// Two agents that know each other, without UCX (so nothing here depends on it).
 fn pair(e: &Engine) -> (Agent, Agent) {
-    let cfg = AgentConfig { ucx: UcxMode::Off };
+    let cfg = AgentConfig {
+        ucx: UcxMode::Off,
+        ..AgentConfig::default()
+    };
     let target = Agent::with_config(e, "target", cfg.clone()).unwrap();
     let initiator = Agent::with_config(e, "initiator", cfg).unwrap();
     assert_eq!(initiator.add_peer(&target.metadata()).unwrap(), "target");
@@ -214,7 +217,15 @@ fn every_bad_input_is_an_error() {
     let m = target.metadata();
     assert!(initiator.add_peer(&m[..m.len() - 1]).is_err());
     assert!(initiator.add_peer(&initiator.metadata()).is_err());
-    let ghost = Agent::with_config(&e, "ghost", AgentConfig { ucx: UcxMode::Off }).unwrap();
+    let ghost = Agent::with_config(
+        &e,
+        "ghost",
+        AgentConfig {
+            ucx: UcxMode::Off,
+            ..AgentConfig::default()
+        },
+    )
+    .unwrap();
     let stale = ghost.metadata();
     drop(ghost);
     let err = initiator.add_peer(&stale).unwrap_err().to_string();
@@ -319,4 +330,62 @@ fn transfers_and_notifications_from_many_threads() {
     });
     assert_eq!(target.take_notifications().len(), 200);
     assert_eq!(mine.release_blocking(), pattern(1 << 20, 5));
+}
+
+/// Device memory between two agents in this process: same GPU, across GPUs where there are
+/// two, and host to device; READ and WRITE; leaked futures with a canary past the range.
+#[test]
+fn device_memory_in_one_process() {
+    if !gpuio::cuda::available() {
+        println!("SKIPPED: no CUDA device here");
+        return;
+    }
+    use gpuio::agent::DeviceBuffer;
+    let e = engine();
+    let (target, initiator) = pair(&e);
+    let gpus = gpuio::cuda::probe().devices.len();
+    let n = 32 << 20;
+    for (theirs_gpu, mine_gpu) in [(0, 0), (gpus - 1, 0)] {
+        let theirs_buf = DeviceBuffer::new(theirs_gpu, n).unwrap();
+        theirs_buf.write(&pattern(n, 11)).unwrap();
+        let theirs = target.register(theirs_buf).unwrap();
+        let mine_buf = DeviceBuffer::new(mine_gpu, n + 4096).unwrap();
+        let mut canary = vec![0u8; n + 4096];
+        canary[n..].fill(0xCD);
+        mine_buf.write(&canary).unwrap();
+        let mine = initiator.register(mine_buf).unwrap();
+        initiator.add_peer(&target.metadata()).unwrap();
+        let whole = mine.descs().descs[0];
+        let l = DescList::new(
+            MemType::Device,
+            vec![Desc::new(whole.addr, n as u64, whole.dev)],
+        );
+        let read = initiator
+            .request(XferOp::Read, &l, "target", &theirs.descs(), Some(b"r"))
+            .unwrap();
+        assert_eq!(read.path(), XferPath::CudaCopy);
+        for _ in 0..3 {
+            std::mem::forget(read.post().unwrap());
+        }
+        read.post().unwrap().wait().unwrap();
+        assert_eq!(target.take_notifications().len(), 4);
+        let back = mine.release_blocking().to_vec().unwrap();
+        assert!(
+            back[..n] == pattern(n, 11)[..],
+            "GPU {theirs_gpu} -> GPU {mine_gpu}"
+        );
+        assert!(
+            back[n..].iter().all(|&b| b == 0xCD),
+            "the canary was written"
+        );
+        // WRITE from host memory into the target's device memory.
+        let src = initiator.register(pattern(n, 12)).unwrap();
+        initiator
+            .transfer(XferOp::Write, &src.descs(), "target", &theirs.descs(), None)
+            .unwrap()
+            .wait()
+            .unwrap();
+        assert!(theirs.release_blocking().to_vec().unwrap() == pattern(n, 12));
+        drop(src);
+    }
 }

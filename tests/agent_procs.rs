@@ -108,11 +108,29 @@ fn child_target() {
     let e = Engine::new().unwrap();
     let cfg = AgentConfig {
         ucx: UcxMode::Required,
+        ..AgentConfig::default()
     };
     let me = Agent::with_config(&e, name, cfg).unwrap();
-    let reg = me.register(pattern(SIZE, seed.parse().unwrap())).unwrap();
-    println!("META {}", hex(&me.metadata()));
-    println!("DESCS {}", hex(&reg.descs().serialize()));
+    let seed: u8 = seed.parse().unwrap();
+    // "vram..." names get device memory (GPU 0), the rest host memory.
+    #[cfg(feature = "cuda")]
+    let _device_reg;
+    let reg = me.register(pattern(SIZE, seed)).unwrap();
+    #[cfg(feature = "cuda")]
+    if name.starts_with("vram") {
+        let b = gpuio::agent::DeviceBuffer::new(0, SIZE).unwrap();
+        b.write(&pattern(SIZE, seed)).unwrap();
+        let r = me.register(b).unwrap();
+        println!("META {}", hex(&me.metadata()));
+        println!("DESCS {}", hex(&r.descs().serialize()));
+        _device_reg = Some(r);
+    } else {
+        _device_reg = None;
+    }
+    if !name.starts_with("vram") {
+        println!("META {}", hex(&me.metadata()));
+        println!("DESCS {}", hex(&reg.descs().serialize()));
+    }
     std::io::stdout().flush().unwrap();
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -155,6 +173,7 @@ fn child_target() {
 fn parent(e: &Engine) -> Agent {
     let cfg = AgentConfig {
         ucx: UcxMode::Required,
+        ..AgentConfig::default()
     };
     Agent::with_config(e, "parent", cfg).unwrap()
 }
@@ -281,4 +300,47 @@ fn metadata_of_a_restarted_peer_is_refreshed_and_old_requests_fail() {
         .unwrap();
     assert_eq!(mine.release_blocking(), pattern(SIZE, 4));
     second.stop();
+}
+
+/// Device memory of a peer process on this host: CUDA IPC where the allocation exports, READ
+/// and WRITE, with the notification after the data.
+#[test]
+fn device_memory_across_processes_on_one_host() {
+    if ucx_or_skip().is_none() {
+        return;
+    }
+    if !gpuio::cuda::available() {
+        println!("SKIPPED: no CUDA device here");
+        return;
+    }
+    let e = Engine::new().unwrap();
+    let me = parent(&e);
+    let peer = Peer::start("vram-target", 21, &me);
+    let mine = gpuio::agent::DeviceBuffer::new(0, SIZE).unwrap();
+    let mine = me.register(mine).unwrap();
+    let read = me
+        .request(XferOp::Read, &mine.descs(), &peer.name, &peer.descs, None)
+        .unwrap();
+    println!("device memory across processes: {}", read.path());
+    assert_eq!(read.path(), XferPath::CudaIpc);
+    read.post().unwrap().wait().unwrap();
+    let got = mine.release_blocking();
+    assert!(got.to_vec().unwrap() == pattern(SIZE, 21));
+    got.write(&pattern(SIZE, 22)).unwrap();
+    let mine = me.register(got).unwrap();
+    me.transfer(
+        XferOp::Write,
+        &mine.descs(),
+        &peer.name,
+        &peer.descs,
+        Some(b"hello"),
+    )
+    .unwrap()
+    .wait()
+    .unwrap();
+    me.send_notification(&peer.name, b"ping").unwrap();
+    let n = me.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(n.msg, b"ping");
+    peer.stop();
+    drop(mine);
 }

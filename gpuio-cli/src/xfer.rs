@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use gpuio::Engine;
-use gpuio::agent::{Agent, Desc, DescList, XferOp};
+use gpuio::agent::{Agent, AgentConfig, Desc, DescList, XferOp};
 
 use crate::CliResult;
 use crate::size::{ByteSize, fmt_bytes, short_size};
@@ -46,6 +46,9 @@ pub struct XferArgs {
     /// Measure a notification's one-way latency (ping-pong) instead of transfers.
     #[arg(long)]
     notif: bool,
+    /// Reach a peer process's device memory through UCX instead of CUDA IPC.
+    #[arg(long)]
+    no_ipc: bool,
     /// One JSON object per result line as well.
     #[arg(long)]
     json: bool,
@@ -89,7 +92,7 @@ impl std::fmt::Display for MemSpec {
 /// A registration of either kind, kept until the run ends.
 enum Held {
     Host(gpuio::agent::Registration<Vec<u8>>),
-    Device(gpuio::agent::Registration<gpuio::cuda::cudarc::driver::CudaSlice<u8>>),
+    Device(gpuio::agent::Registration<gpuio::agent::DeviceBuffer>),
 }
 
 impl Held {
@@ -110,12 +113,9 @@ fn register(
     match spec {
         MemSpec::Dram => Ok(Held::Host(agent.register(vec![fill; bytes])?)),
         MemSpec::Vram(n) => {
-            let ctx = gpuio::cuda::context(n)?;
-            let stream = ctx.default_stream();
-            let mut s = stream.alloc_zeros::<u8>(bytes)?;
-            stream.memset_zeros(&mut s)?;
-            stream.synchronize()?;
-            Ok(Held::Device(agent.register(s)?))
+            let b = gpuio::agent::DeviceBuffer::new(n, bytes)?;
+            b.write(&vec![fill; bytes])?;
+            Ok(Held::Device(agent.register(b)?))
         }
     }
 }
@@ -167,14 +167,18 @@ pub async fn run(a: XferArgs) -> CliResult {
     }
     let engine = Engine::new()?;
     let bytes = a.size.0 as usize * a.descs;
-    let initiator = Agent::new(&engine, "initiator")?;
+    let config = AgentConfig {
+        same_host_ipc: !a.no_ipc,
+        ..AgentConfig::default()
+    };
+    let initiator = Agent::with_config(&engine, "initiator", config.clone())?;
     let mine = register(&initiator, a.initiator, bytes, 0)?;
     // The target: an agent here, or a child process running `--serve`.
     let mut child: Option<Child> = None;
     let mut _target_here = None;
     let mut local_echo = None;
     let theirs = if a.procs == 1 {
-        let target = Agent::new(&engine, "target")?;
+        let target = Agent::with_config(&engine, "target", config)?;
         let reg = register(&target, a.target, bytes, 0x5a)?;
         initiator.add_peer(&target.metadata())?;
         target.add_peer(&initiator.metadata())?;
@@ -196,6 +200,7 @@ pub async fn run(a: XferArgs) -> CliResult {
                 "--target",
                 &a.target.to_string().to_ascii_lowercase(),
             ])
+            .args(a.no_ipc.then_some("--no-ipc"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -342,7 +347,11 @@ fn echo(target: Agent, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) {
 /// initiator's metadata, echo notifications until stdin closes.
 fn serve(a: &XferArgs) -> CliResult {
     let engine = Engine::new()?;
-    let target = Agent::new(&engine, "target")?;
+    let config = AgentConfig {
+        same_host_ipc: !a.no_ipc,
+        ..AgentConfig::default()
+    };
+    let target = Agent::with_config(&engine, "target", config)?;
     let reg = register(&target, a.target, a.size.0 as usize * a.descs, 0x5a)?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "META {}", hex(&target.metadata()))?;

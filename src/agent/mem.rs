@@ -75,6 +75,71 @@ unsafe impl<T: crate::cuda::Pod> AgentMemory for cudarc::driver::CudaSlice<T> {
     }
 }
 
+/// Device memory from `cuMemAlloc`, which CUDA IPC can export to peer processes on the same
+/// host (memory from a stream-ordered pool, as cudarc's allocations may be, cannot be, and
+/// such registrations are reached through UCX instead).
+#[cfg(feature = "cuda")]
+pub struct DeviceBuffer(crate::cuda::xfer::DeviceAlloc);
+
+#[cfg(feature = "cuda")]
+impl DeviceBuffer {
+    /// `len` zeroed bytes on GPU `ordinal`.
+    pub fn new(ordinal: usize, len: usize) -> crate::Result<DeviceBuffer> {
+        if len == 0 {
+            return Err(crate::Error::invalid(
+                crate::error::Context::op(crate::error::OpKind::DeviceMemory),
+                "a device buffer of zero bytes",
+            ));
+        }
+        crate::cuda::xfer::DeviceAlloc::new(ordinal, len)
+            .map(DeviceBuffer)
+            .map_err(|e| {
+                crate::Error::cuda_msg(
+                    crate::error::Context::op(crate::error::OpKind::DeviceMemory),
+                    e,
+                )
+            })
+    }
+    /// Copies `src` to the start of the buffer (synchronously).
+    pub fn write(&self, src: &[u8]) -> crate::Result<()> {
+        self.0.write(src).map_err(|e| {
+            crate::Error::cuda_msg(
+                crate::error::Context::op(crate::error::OpKind::DeviceMemory),
+                e,
+            )
+        })
+    }
+    /// The buffer's bytes, copied to host memory (synchronously).
+    pub fn to_vec(&self) -> crate::Result<Vec<u8>> {
+        self.0.read().map_err(|e| {
+            crate::Error::cuda_msg(
+                crate::error::Context::op(crate::error::OpKind::DeviceMemory),
+                e,
+            )
+        })
+    }
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+    /// Whether it is empty (never: zero-byte buffers are refused).
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+}
+
+#[cfg(feature = "cuda")]
+// SAFETY: the allocation stays at one address until the buffer is dropped, which needs the
+// registration to have been released first (it owns the buffer).
+unsafe impl AgentMemory for DeviceBuffer {
+    fn mem_type(&self) -> MemType {
+        MemType::Device
+    }
+    fn desc(&self) -> Desc {
+        Desc::new(self.0.ptr, self.0.len as u64, self.0.ordinal() as u32)
+    }
+}
+
 /// Memory described by its address alone, for bindings whose callers keep it valid
 /// (NIXL's `(addr, len, dev)` registrations; the C contract).
 #[derive(Debug, Clone, Copy)]
@@ -116,6 +181,8 @@ pub(crate) struct RegState {
     idle: Mutex<()>,
     idle_cv: Condvar,
     idle_waker: AtomicWaker,
+    /// The CUDA IPC export of device memory (empty where none), for peers on this host.
+    pub(crate) ipc: Vec<u8>,
     /// The transport's handle for this memory (UCX memory handle and packed key), where the
     /// agent has a transport for other processes; unmapped when the registration is released.
     remote_access: Mutex<Option<super::remote::RemoteAccess>>,
@@ -127,6 +194,7 @@ impl RegState {
         mem: MemType,
         desc: Desc,
         remote_access: Option<super::remote::RemoteAccess>,
+        ipc: Vec<u8>,
     ) -> RegState {
         RegState {
             id,
@@ -137,6 +205,7 @@ impl RegState {
             idle: Mutex::new(()),
             idle_cv: Condvar::new(),
             idle_waker: AtomicWaker::new(),
+            ipc,
             remote_access: Mutex::new(remote_access),
         }
     }

@@ -19,6 +19,9 @@ pub(crate) struct RemoteReg {
     /// The transport's packed remote key (empty where the agent has no transport for other
     /// processes).
     pub(crate) rkey: Vec<u8>,
+    /// The CUDA IPC export of device memory (empty for host memory or where the allocation
+    /// cannot be exported): peers on the same host copy to and from it directly.
+    pub(crate) ipc: Vec<u8>,
 }
 
 /// One agent's metadata.
@@ -52,6 +55,7 @@ impl Metadata {
             w.u64(r.desc.len);
             w.u32(r.desc.dev);
             w.bytes(&r.rkey);
+            w.bytes(&r.ipc);
         }
         let sum = fnv(&w.buf);
         w.u64(sum);
@@ -80,18 +84,20 @@ impl Metadata {
         let pid = r.u32("pid")?;
         let host = r.u64("host")?;
         let address = r.bytes("address")?.to_vec();
-        let n = r.count("registrations", 37)?;
+        let n = r.count("registrations", 45)?;
         let mut regs = Vec::with_capacity(n);
         for _ in 0..n {
             let id = r.u64("registration id")?;
             let mem = MemType::from_code(r.u8("memory type")?)?;
             let desc = Desc::new(r.u64("addr")?, r.u64("len")?, r.u32("dev")?);
             let rkey = r.bytes("remote key")?.to_vec();
+            let ipc = r.bytes("IPC handle")?.to_vec();
             regs.push(RemoteReg {
                 id,
                 mem,
                 desc,
                 rkey,
+                ipc,
             });
         }
         r.u64("checksum")?;
@@ -162,6 +168,7 @@ mod tests {
                 mem: MemType::Device,
                 desc: Desc::new(0x7000_0000, 1 << 20, 1),
                 rkey: vec![9; 20],
+                ipc: vec![1; 80],
             }],
         };
         let b = m.encode();

@@ -50,6 +50,8 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
 pub use desc::{Desc, DescList, MemType};
+#[cfg(feature = "cuda")]
+pub use mem::DeviceBuffer;
 pub use mem::{AgentMemory, RawMemory};
 pub use notif::{Notification, Notifications};
 pub use reg::Registration;
@@ -65,10 +67,22 @@ use peer::{Link, Peer};
 use xfer::RemoteRef;
 
 /// How an agent is set up.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Whether the agent reaches peers in other processes through UCX.
     pub ucx: UcxMode,
+    /// Device memory of a peer process on the same host is copied to and from directly
+    /// through CUDA IPC (the default), instead of through UCX.
+    pub same_host_ipc: bool,
+}
+
+impl Default for AgentConfig {
+    fn default() -> AgentConfig {
+        AgentConfig {
+            ucx: UcxMode::Auto,
+            same_host_ipc: true,
+        }
+    }
 }
 
 /// An agent: registrations, peers, transfers and notifications. Cheap to clone (a handle).
@@ -79,6 +93,7 @@ pub struct Agent {
 
 pub(crate) struct AgentShared {
     pub(crate) name: String,
+    pub(crate) config: AgentConfig,
     token: u64,
     pid: u32,
     host: u64,
@@ -129,6 +144,7 @@ impl Agent {
         let remote = remote::RemoteTransport::start(config.ucx, name, notifs.clone())?;
         let shared = Arc::new(AgentShared {
             name: name.to_string(),
+            config,
             token: meta::new_token(),
             pid: std::process::id(),
             host: meta::host_id(),
@@ -176,6 +192,7 @@ impl Agent {
                 mem: r.mem,
                 desc: r.desc,
                 rkey: r.rkey().unwrap_or_default(),
+                ipc: r.ipc.clone(),
             })
             .collect();
         Metadata {
@@ -240,11 +257,18 @@ impl Agent {
                     .map_err(|e| Error::io(ctx().with_backend("ucx"), std::io::Error::other(e)))?,
             )
         };
+        let ipc = match &link {
+            Link::Remote(_) if meta.host == s.host && s.config.same_host_ipc => {
+                peer::open_ipc(&meta)
+            }
+            _ => Vec::new(),
+        };
         let name = meta.name.clone();
         let peer = Arc::new(Peer {
             name: name.clone(),
             meta,
             link,
+            ipc,
         });
         s.peers
             .lock()
@@ -570,7 +594,28 @@ impl AgentShared {
                 local[i].0.len, remote[i].0.len
             )));
         }
+        for (side, mem, list) in [
+            (
+                "local",
+                local_mem,
+                local.iter().map(|d| d.0).collect::<Vec<_>>(),
+            ),
+            ("remote", remote_mem, remote.iter().map(|d| d.0).collect()),
+        ] {
+            if mem == MemType::Device && list.iter().any(|d| d.dev != list[0].dev) {
+                return Err(bad(format!(
+                    "the {side} descriptors lie on several GPUs; one transfer copies between \
+                     one GPU on each side (split it)"
+                )));
+            }
+        }
+        let by_ipc = remote_mem == MemType::Device
+            && remote.iter().all(|(_, r)| match r {
+                RemoteRef::Ucx(k) => peer.ipc_mapping(*k).is_some(),
+                RemoteRef::Local(_) => false,
+            });
         let path = match &peer.link {
+            Link::Remote(_) if by_ipc => XferPath::CudaIpc,
             Link::Remote(_) if local_mem == MemType::Device && !self.remote_has_cuda() => {
                 return Err(Error::unsupported(
                     err(OpKind::Transfer, &peer.name).with_backend("ucx"),

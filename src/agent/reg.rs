@@ -43,11 +43,16 @@ impl Agent {
             Some(r) => r.map(kind, desc),
             None => None,
         };
+        let ipc = match kind {
+            MemType::Device if s.config.same_host_ipc => device_export(desc),
+            _ => Vec::new(),
+        };
         let state = Arc::new(RegState::new(
             s.next_reg.fetch_add(1, Ordering::Relaxed),
             kind,
             desc,
             remote_access,
+            ipc,
         ));
         s.regs
             .write()
@@ -59,6 +64,24 @@ impl Agent {
             state,
             agent: s.clone(),
         })
+    }
+}
+
+/// The CUDA IPC export of a device registration, or nothing (logged) where the allocation
+/// cannot be exported: peers on this host then reach it through UCX.
+fn device_export(desc: super::desc::Desc) -> Vec<u8> {
+    #[cfg(feature = "cuda")]
+    match crate::cuda::ipc::export(desc.dev as usize, desc.addr) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::info!("device registration without CUDA IPC: {e}");
+            Vec::new()
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = desc;
+        Vec::new()
     }
 }
 

@@ -47,6 +47,8 @@ pub enum XferPath {
     /// Both agents in this process, device memory on a side: the CUDA driver's copies
     /// (device to device, GPU to GPU peer copies, host to device).
     CudaCopy,
+    /// Device memory of a peer process on the same host: CUDA IPC, then the driver's copies.
+    CudaIpc,
     /// A peer in another process or on another host: UCX.
     Ucx,
 }
@@ -56,6 +58,7 @@ impl std::fmt::Display for XferPath {
         f.write_str(match self {
             XferPath::HostCopy => "memcpy (in process)",
             XferPath::CudaCopy => "CUDA copy (in process)",
+            XferPath::CudaIpc => "CUDA IPC (same host)",
             XferPath::Ucx => "UCX",
         })
     }
@@ -66,6 +69,7 @@ impl XferPath {
         match self {
             XferPath::HostCopy => "memcpy",
             XferPath::CudaCopy => "cuda",
+            XferPath::CudaIpc => "cuda-ipc",
             XferPath::Ucx => "ucx",
         }
     }
@@ -179,6 +183,7 @@ impl XferRequest {
         let done = Completion {
             state: state.clone(),
             pins,
+            peer: self.peer.clone(),
             notify: self.notif.as_ref().map(|m| {
                 (
                     self.peer.clone(),
@@ -192,9 +197,10 @@ impl XferRequest {
             backend: self.path.backend(),
             failure: None,
         };
-        match &self.peer.link {
-            Link::Local { .. } => self.run_local(done),
-            Link::Remote(remote) => remote.post(self, done),
+        match (&self.peer.link, self.path) {
+            (_, XferPath::CudaIpc) => self.run_ipc(done),
+            (Link::Local { .. }, _) => self.run_local(done),
+            (Link::Remote(remote), _) => remote.post(self, done),
         }
         Ok(Transfer {
             state,
@@ -231,47 +237,82 @@ impl XferRequest {
                 // memory until `done` runs, which `copy` calls after the last byte.
                 unsafe { super::hostcopy::copy(segs, done) };
             }
-            XferPath::CudaCopy => self.run_cuda(segs, done),
-            XferPath::Ucx => done.finish(Err("a local peer on the UCX path".into())),
+            XferPath::CudaCopy => {
+                let side = |d: &Desc, m: MemType| (m, d.dev);
+                let local = side(&self.local[0].0, self.local_mem);
+                let remote = side(&self.remote[0].0, self.remote_mem);
+                self.run_cuda(segs, local, remote, done)
+            }
+            XferPath::CudaIpc | XferPath::Ucx => {
+                done.finish(Err("an in-process peer on an inter-process path".into()))
+            }
         }
     }
 
+    /// Device memory of a peer process on this host, through its CUDA IPC mappings: the
+    /// remote addresses are translated into this process's mappings, then copied as for a
+    /// peer in this process. `done` holds the peer (and so the mappings) until it finishes.
     #[cfg(feature = "cuda")]
-    fn run_cuda(&self, segs: Vec<Seg>, done: Completion) {
-        let (dst_mem, src_mem, dst_dev, src_dev) = match self.op {
-            XferOp::Read => (
-                self.local_mem,
-                self.remote_mem,
-                self.local.first().map(|d| d.0.dev),
-                self.remote.first().map(|d| d.0.dev),
-            ),
-            XferOp::Write => (
-                self.remote_mem,
-                self.local_mem,
-                self.remote.first().map(|d| d.0.dev),
-                self.local.first().map(|d| d.0.dev),
-            ),
+    fn run_ipc(&self, done: Completion) {
+        let mut segs = self.segs();
+        let mut remote_dev = None;
+        for (s, (d, r)) in segs.iter_mut().zip(&self.remote) {
+            let RemoteRef::Ucx(k) = r else {
+                return done.finish(Err("a local registration on the IPC path".into()));
+            };
+            let (Some(m), Some(reg)) = (self.peer.ipc_mapping(*k), self.peer.meta.regs.get(*k))
+            else {
+                return done.finish(Err("a registration without an IPC mapping".into()));
+            };
+            let here = m.ptr + (d.addr - reg.desc.addr);
+            match self.op {
+                XferOp::Read => s.src = here,
+                XferOp::Write => s.dst = here,
+            }
+            remote_dev.get_or_insert(m.ordinal() as u32);
+        }
+        let local = (self.local_mem, self.local[0].0.dev);
+        let remote = (MemType::Device, remote_dev.unwrap_or(0));
+        self.run_cuda(segs, local, remote, done)
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn run_ipc(&self, done: Completion) {
+        done.finish(Err(
+            "CUDA IPC needs gpuio built with its cuda feature".into()
+        ))
+    }
+
+    /// Copies `segs` with the CUDA driver: `local` and `remote` are each side's memory and
+    /// GPU (in this process's numbering).
+    #[cfg(feature = "cuda")]
+    fn run_cuda(
+        &self,
+        segs: Vec<Seg>,
+        local: (MemType, u32),
+        remote: (MemType, u32),
+        done: Completion,
+    ) {
+        let (dst, src) = match self.op {
+            XferOp::Read => (local, remote),
+            XferOp::Write => (remote, local),
         };
         // The copy runs on the destination GPU's queue where the destination is device
         // memory, else on the source's.
-        let gpu = if dst_mem == MemType::Device {
-            dst_dev
+        let gpu = if dst.0 == MemType::Device {
+            dst.1
         } else {
-            src_dev
-        }
-        .unwrap_or(0) as usize;
-        let other = if dst_mem == MemType::Device && src_mem == MemType::Device {
-            src_dev.filter(|&s| s as usize != gpu)
-        } else {
-            None
-        };
-        let queue = match self.agent.copy_queue(gpu, other.map(|d| d as usize)) {
+            src.1
+        } as usize;
+        let other = (dst.0 == MemType::Device && src.0 == MemType::Device && dst.1 != src.1)
+            .then_some(src.1 as usize);
+        let queue = match self.agent.copy_queue(gpu, other) {
             Ok(q) => q,
             Err(e) => return done.finish(Err(e)),
         };
         for s in &segs {
-            // SAFETY: both ranges lie in registrations `done` pins until the queue reports
-            // these copies complete.
+            // SAFETY: both ranges lie in registrations (or a peer's IPC mappings) that `done`
+            // holds until the queue reports these copies complete.
             if let Err(e) = unsafe { queue.copy(s.dst, s.src, s.len as usize) } {
                 // Copies already queued still run: finish only behind them.
                 let why = e.clone();
@@ -289,7 +330,7 @@ impl XferRequest {
     }
 
     #[cfg(not(feature = "cuda"))]
-    fn run_cuda(&self, _segs: Vec<Seg>, done: Completion) {
+    fn run_cuda(&self, _: Vec<Seg>, _: (MemType, u32), _: (MemType, u32), done: Completion) {
         done.finish(Err(
             "device memory needs gpuio built with its cuda feature".into()
         ))
@@ -301,6 +342,8 @@ impl XferRequest {
 pub(crate) struct Completion {
     state: Arc<XferState>,
     pins: Vec<Pin>,
+    /// Keeps the peer's IPC mappings (and its endpoint) while the transfer runs.
+    peer: Arc<Peer>,
     notify: Option<(Arc<Peer>, Notification)>,
     ctx_peer: String,
     backend: &'static str,
@@ -326,6 +369,7 @@ impl Completion {
         let Completion {
             state,
             pins,
+            peer: _peer,
             notify,
             ctx_peer,
             backend,
@@ -336,13 +380,19 @@ impl Completion {
             None => r,
         };
         drop(pins);
-        if r.is_ok() {
-            if let Some((peer, n)) = notify {
-                if let Link::Local { notifs, .. } = &peer.link {
+        let r = match (r, notify) {
+            (Ok(()), Some((peer, n))) => match &peer.link {
+                Link::Local { notifs, .. } => {
                     notifs.push(n);
+                    Ok(())
                 }
-            }
-        }
+                // After copies over CUDA IPC: the data has landed, now the message.
+                Link::Remote(remote) => remote
+                    .notify(n)
+                    .map_err(|e| format!("the data landed; its notification: {e}")),
+            },
+            (r, _) => r,
+        };
         let r = r.map_err(|why| {
             Error::io(
                 err(OpKind::Transfer, &ctx_peer).with_backend(backend),

@@ -76,6 +76,8 @@ pub(crate) mod memops;
 #[cfg(all(feature = "cuda", feature = "safetensors"))]
 pub(crate) use memops::copy_rows;
 #[cfg(feature = "cuda")]
+pub(crate) mod ipc;
+#[cfg(feature = "cuda")]
 pub mod peer;
 #[cfg(feature = "cuda")]
 pub(crate) mod pinned;

@@ -107,3 +107,79 @@ impl Drop for CopyQueue {
         self.waiter = None;
     }
 }
+
+/// Device memory from `cuMemAlloc` (not a stream-ordered pool), so that CUDA IPC can export
+/// it to peer processes; freed on drop after the device has finished with it.
+pub(crate) struct DeviceAlloc {
+    ctx: Arc<CudaContext>,
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+}
+
+impl DeviceAlloc {
+    /// `len` zeroed bytes on GPU `ordinal`.
+    pub(crate) fn new(ordinal: usize, len: usize) -> Result<DeviceAlloc, String> {
+        let ctx = super::context(ordinal).map_err(|e| e.to_string())?;
+        ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        let mut ptr = 0;
+        // SAFETY: `ptr` is a valid out-pointer; the context is bound.
+        let rc = unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) };
+        if rc != CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemAlloc of {len} bytes: {rc:?}"));
+        }
+        let a = DeviceAlloc { ctx, ptr, len };
+        // SAFETY: `ptr` is `len` bytes of device memory just allocated.
+        let rc = unsafe { sys::cuMemsetD8_v2(a.ptr, 0, len) };
+        if rc != CUresult::CUDA_SUCCESS {
+            return Err(format!("cuMemsetD8: {rc:?}"));
+        }
+        Ok(a)
+    }
+
+    /// The GPU's ordinal.
+    pub(crate) fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+
+    /// Copies `src` to the start of the buffer (synchronously).
+    pub(crate) fn write(&self, src: &[u8]) -> Result<(), String> {
+        if src.len() > self.len {
+            return Err(format!(
+                "{} bytes into a {}-byte buffer",
+                src.len(),
+                self.len
+            ));
+        }
+        self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: `src` is readable for its length and the buffer is at least as long.
+        let rc = unsafe { sys::cuMemcpyHtoD_v2(self.ptr, src.as_ptr().cast(), src.len()) };
+        if rc == CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("cuMemcpyHtoD: {rc:?}"))
+        }
+    }
+
+    /// The buffer's bytes (synchronously).
+    pub(crate) fn read(&self) -> Result<Vec<u8>, String> {
+        let mut v = vec![0u8; self.len];
+        self.ctx.bind_to_thread().map_err(|e| format!("{e:?}"))?;
+        // SAFETY: `v` is writable for `len` bytes, the buffer readable for as many.
+        let rc = unsafe { sys::cuMemcpyDtoH_v2(v.as_mut_ptr().cast(), self.ptr, self.len) };
+        if rc == CUresult::CUDA_SUCCESS {
+            Ok(v)
+        } else {
+            Err(format!("cuMemcpyDtoH: {rc:?}"))
+        }
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: `ptr` came from cuMemAlloc and is freed once; cuMemFree waits for work
+            // on the memory already queued (it synchronises the device's streams using it).
+            unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
