@@ -310,6 +310,9 @@ impl XferRequest {
             Ok(q) => q,
             Err(e) => return done.finish(Err(e)),
         };
+        for p in &done.pins {
+            p.state().lock_pages(queue.context());
+        }
         for s in &segs {
             // SAFETY: both ranges lie in registrations (or a peer's IPC mappings) that `done`
             // holds until the queue reports these copies complete.
