@@ -115,7 +115,7 @@ impl fmt::Display for Context {
             write!(f, " at offset {o}")?;
         }
         if let Some(p) = &self.peer {
-            write!(f, " with agent {p:?}")?;
+            write!(f, " (peer {p:?})")?;
         }
         if let Some(b) = self.backend {
             write!(f, " via {b}")?;

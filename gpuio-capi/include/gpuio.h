@@ -16,6 +16,9 @@
  *   those threads and must not block.
  * - gpuio_engine_free cancels the engine's running requests (they complete with
  *   GPUIO_ERR_CANCELED) and waits until none touches its buffer.
+ * - Agents (gpuio_agent_*, gpuio_xfer_*): memory given to gpuio_agent_register stays valid
+ *   until gpuio_agent_deregister (or gpuio_agent_free) returns; both wait for the transfers
+ *   that touch it, and a freed transfer handle's posting runs on until then.
  * - Device memory: gpuio_buffer.kind = GPUIO_MEMORY_DEVICE, a CUdeviceptr in ptr, the CUDA
  *   device index, and a CUstream (or NULL) cast to void*. Link with -lgpuio_capi; CUDA is
  *   loaded at run time, so no CUDA headers or libraries are needed to build.
@@ -63,8 +66,26 @@
 // `gpuio_buffer.kind`: CUDA device memory (`ptr` is a `CUdeviceptr`).
 #define GPUIO_MEMORY_DEVICE 1
 
+// `gpuio_agent_create` flag: reach peers in this process only, never load UCX.
+#define GPUIO_AGENT_UCX_OFF 1
+
+// `gpuio_agent_create` flag: fail where UCX cannot be loaded (without either UCX flag, UCX
+// is used where it loads).
+#define GPUIO_AGENT_UCX_REQUIRED 2
+
+// `gpuio_agent_create` flag: reach device memory of a peer process on this host through UCX
+// rather than CUDA IPC.
+#define GPUIO_AGENT_NO_IPC 4
+
+// `gpuio_xfer_create` operation: from the remote descriptors into the local ones.
+#define GPUIO_XFER_READ 0
+
+// `gpuio_xfer_create` operation: from the local descriptors into the remote ones.
+#define GPUIO_XFER_WRITE 1
+
 // What a call did. `GPUIO_OK` is 0; every other value is a failure (or, for
-// `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request that is still running), and
+// `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request or transfer that is still running, or
+// no notification yet; for `GPUIO_ERR_RANGE`, an output buffer to enlarge), and
 // `gpuio_last_error()` says what happened.
 typedef enum gpuio_status {
   // Success.
@@ -89,12 +110,15 @@ typedef enum gpuio_status {
   // The engine's reactor thread died; free the engine and create a new one.
   GPUIO_ERR_REACTOR_DIED = 8,
   // `gpuio_request_wait`: the timeout passed first; the request is still running.
+  // `gpuio_agent_get_notif`: no notification came within the timeout.
   GPUIO_ERR_TIMEOUT = 9,
-  // `gpuio_request_test`: the request is still running.
+  // `gpuio_request_test`: the request is still running. `gpuio_xfer_status`: the transfer
+  // is still in progress.
   GPUIO_PENDING = 10,
   // The request was cancelled: its engine was freed while it ran.
   GPUIO_ERR_CANCELED = 11,
-  // An output buffer is too small; the call says how large it must be.
+  // An output buffer is too small (or NULL with a capacity of 0: a size query); the call
+  // says how large it must be.
   GPUIO_ERR_RANGE = 12,
   // The call would block inside a completion callback (which runs on an engine's
   // executor thread and must not block): waiting, synchronous I/O, freeing an engine.
@@ -103,6 +127,10 @@ typedef enum gpuio_status {
   GPUIO_ERR_INTERNAL = 14,
 } gpuio_status;
 
+// An agent: a name, registrations, peers, transfers and notifications. Opaque;
+// `gpuio_agent_create`, `gpuio_agent_free`.
+typedef struct gpuio_agent gpuio_agent;
+
 // An engine: one reactor thread and its bounce pool, plus the threads that run asynchronous
 // requests. Opaque; create with `gpuio_engine_create`, free with `gpuio_engine_free`.
 typedef struct gpuio_engine gpuio_engine;
@@ -110,8 +138,21 @@ typedef struct gpuio_engine gpuio_engine;
 // An open file on an engine. Opaque; `gpuio_open`, `gpuio_close`.
 typedef struct gpuio_file gpuio_file;
 
+// A descriptor list checked once against this agent's registrations or a peer's, for
+// transfers that pick its entries by index (NIXL's prepared lists). Opaque;
+// `gpuio_prep_create`, `gpuio_prep_free`.
+typedef struct gpuio_prep gpuio_prep;
+
+// Memory registered with an agent. Opaque; `gpuio_agent_register`,
+// `gpuio_agent_deregister`.
+typedef struct gpuio_registration gpuio_registration;
+
 // A running or finished asynchronous operation. Opaque; free with `gpuio_request_free`.
 typedef struct gpuio_request gpuio_request;
+
+// A transfer: a READ or WRITE between this agent's memory and a peer's, checked when made,
+// posted with `gpuio_xfer_post`. Opaque; free with `gpuio_xfer_free`.
+typedef struct gpuio_xfer gpuio_xfer;
 
 // One range of a batch: `len` bytes of `file` at `offset`, to land at byte `dst_offset` of
 // the batch's destination.
@@ -232,6 +273,18 @@ typedef struct gpuio_sizing {
   uint32_t queue_depth;
 } gpuio_sizing;
 
+// One range of a descriptor list (NIXL's `(addr, len, dev)`): lists are passed as an array
+// of these, a count and the memory they all lie in (`GPUIO_MEMORY_HOST` or
+// `GPUIO_MEMORY_DEVICE`).
+typedef struct gpuio_desc {
+  // Start address: a host pointer, or a `CUdeviceptr` for device memory.
+  uint64_t addr;
+  // Bytes.
+  uint64_t len;
+  // Device memory: the CUDA device index. Ignored for host memory.
+  uint32_t dev;
+} gpuio_desc;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -251,6 +304,126 @@ enum gpuio_status gpuio_check(const char *path, char *buf, size_t len, size_t *n
 
 // The library's version, e.g. `"0.1.0"` (a static string; never null).
 const char *gpuio_version(void);
+
+// Creates an agent named `name` (NUL-terminated UTF-8, not empty: what peers call it) on
+// `engine` and stores its handle in `*out`. `flags`: 0, or `GPUIO_AGENT_UCX_OFF` (peers in
+// this process only) or `GPUIO_AGENT_UCX_REQUIRED` (fail without UCX), or-ed with
+// `GPUIO_AGENT_NO_IPC`. Without a UCX flag, peers in other processes are reached through UCX
+// where it loads (run time; nothing to link). Two agents in one process need no UCX: their
+// transfers are straight copies. Free agents before their engine.
+//
+// # Safety
+// `name` is NULL (an error) or NUL-terminated; `out` is NULL (an error) or writable.
+enum gpuio_status gpuio_agent_create(const struct gpuio_engine *engine,
+                                     const char *name,
+                                     uint32_t flags,
+                                     struct gpuio_agent **out);
+
+// Frees an agent. **Its registrations still live are deregistered first** (waiting, as
+// `gpuio_agent_deregister` does, for the transfers that touch them; their handles die), so
+// that once this returns none of its memory is touched again and the caller may free it.
+// Transfer and prepared-list handles made on it stay valid until freed, but posting them
+// fails. Notifications not yet taken are dropped. Refused (`GPUIO_ERR_WOULD_BLOCK`) inside a
+// completion callback.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_agent_free(struct gpuio_agent *agent);
+
+// Writes the agent's metadata (what a peer passes to `gpuio_agent_add_peer`: its address
+// and the registrations live now) into `buf` and its size into `*len`. `buf` NULL (with
+// `cap` 0) or smaller than the metadata: `GPUIO_ERR_RANGE`, nothing written, `*len` the size
+// needed. Registering or deregistering changes it: fetch it again afterwards.
+//
+// # Safety
+// `buf` is NULL or has `cap` writable bytes; `len` is NULL (an error) or writable.
+enum gpuio_status gpuio_agent_metadata(const struct gpuio_agent *agent,
+                                       uint8_t *buf,
+                                       size_t cap,
+                                       size_t *len);
+
+// Loads a peer's metadata (`len` bytes from its `gpuio_agent_metadata`; NIXL's
+// `loadRemoteMD`) and writes the peer's name into `name_out` (NUL-terminated; NULL with
+// `name_cap` 0 when not wanted). Loading an agent's metadata again replaces what was loaded.
+// A `name_cap` too small for the name is `GPUIO_ERR_RANGE` **with the peer loaded**: the
+// name is truncated and the message gives it whole. Metadata that is not gpuio's, or that
+// names an agent of this process that no longer exists, is `GPUIO_ERR_INVALID`; a peer in
+// another process without UCX is `GPUIO_ERR_UNSUPPORTED`.
+//
+// # Safety
+// `meta` is NULL (an error) or has `len` readable bytes; `name_out` is NULL or has
+// `name_cap` writable bytes.
+enum gpuio_status gpuio_agent_add_peer(const struct gpuio_agent *agent,
+                                       const uint8_t *meta,
+                                       size_t len,
+                                       char *name_out,
+                                       size_t name_cap);
+
+// Forgets the peer `name` (NIXL's `invalidateRemoteMD`). Transfers already posted to it run
+// on; posting a transfer made for it, or making a new one, fails until it is loaded again.
+//
+// # Safety
+// `name` is NULL (an error) or NUL-terminated.
+enum gpuio_status gpuio_agent_remove_peer(const struct gpuio_agent *agent, const char *name);
+
+// Registers `len` bytes at `addr` (NIXL's `registerMem`): `mem` `GPUIO_MEMORY_HOST` (a host
+// pointer; `dev` ignored) or `GPUIO_MEMORY_DEVICE` (a `CUdeviceptr` on CUDA device `dev`).
+// This agent's transfers may then use the range, and peers that load its metadata
+// afterwards may read and write it. **The memory must stay valid until
+// `gpuio_agent_deregister` (or `gpuio_agent_free`) returns**, and its contents are not to be
+// relied on while transfers may touch it. Registrations of one memory and device may not
+// overlap (`GPUIO_ERR_INVALID`).
+//
+// # Safety
+// The memory as above; `out` is NULL (an error) or writable.
+enum gpuio_status gpuio_agent_register(const struct gpuio_agent *agent,
+                                       uint32_t mem,
+                                       uint64_t addr,
+                                       uint64_t len,
+                                       uint32_t dev,
+                                       struct gpuio_registration **out);
+
+// Deregisters memory (NIXL's `deregisterMem`): no new transfer may touch it, then this waits
+// for those in flight (posted by this agent or by peers in this process, including freed
+// transfer handles); when it returns the caller may free the memory. Peers that loaded the
+// metadata before see the range gone. Refused (`GPUIO_ERR_WOULD_BLOCK`) inside a completion
+// callback.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_agent_deregister(struct gpuio_registration *reg);
+
+// Sends `msg` (`len` bytes; NULL with 0 for an empty one) to the peer `peer` on its own
+// (NIXL's `genNotif`).
+//
+// # Safety
+// `peer` is NULL (an error) or NUL-terminated; `msg` is NULL or has `len` readable bytes.
+enum gpuio_status gpuio_agent_send_notif(const struct gpuio_agent *agent,
+                                         const char *peer,
+                                         const uint8_t *msg,
+                                         size_t len);
+
+// The next notification, waiting `timeout_ms` milliseconds for one (0: not at all; negative:
+// for good); NIXL's `getNotifs`, one at a time, in arrival order. A transfer's notification
+// arrives only after its data has landed. The sender's name goes into `from`
+// (NUL-terminated, `from_cap` bytes), the message into `msg` (`msg_cap` bytes);
+// `*from_len` (if not NULL) gets the name's size with its NUL and `*msg_len` the message's.
+// None within the timeout: `GPUIO_ERR_TIMEOUT`. A buffer too small (or NULL with 0: the size
+// query) is `GPUIO_ERR_RANGE`, nothing written, **the notification kept** for the next call.
+// Refused (`GPUIO_ERR_WOULD_BLOCK`) inside a completion callback unless `timeout_ms` is 0.
+// A wait ends with `GPUIO_ERR_BAD_HANDLE` (within 100 ms) if another thread frees the agent.
+//
+// # Safety
+// `from` is NULL or has `from_cap` writable bytes; `msg` is NULL or has `msg_cap` writable
+// bytes; `from_len` is NULL or writable; `msg_len` is NULL (an error) or writable.
+enum gpuio_status gpuio_agent_get_notif(const struct gpuio_agent *agent,
+                                        int32_t timeout_ms,
+                                        char *from,
+                                        size_t from_cap,
+                                        size_t *from_len,
+                                        uint8_t *msg,
+                                        size_t msg_cap,
+                                        size_t *msg_len);
 
 // Reads `count` descriptors into one destination `dst` (host or device memory) as one batch
 // (contiguous neighbours merge into one read; all in flight at once). `results` (NULL, or
@@ -465,6 +638,136 @@ int32_t gpuio_last_errno(void);
 // A short, constant name for a status value (`"GPUIO_ERR_IO"`), for logs; never null
 // (`"GPUIO_UNKNOWN_STATUS"` for a value that is no `gpuio_status`).
 const char *gpuio_status_name(int32_t status);
+
+// Makes a transfer (NIXL's `createXferReq`): `op` `GPUIO_XFER_READ` (the peer's `remote`
+// ranges into this agent's `local` ones) or `GPUIO_XFER_WRITE` (the other way), between
+// `nlocal` descriptors of memory `mem_local` and as many of `mem_remote` on the peer named
+// `peer`, pairwise (each pair as long). Every local range must lie in a live registration of
+// this agent, every remote one in one of the peer's (as its loaded metadata lists them, or
+// live for a peer in this process); else `GPUIO_ERR_INVALID` saying which. `notif` (`notif_len`
+// bytes; NULL with 0 for none) goes to the peer after each posting's data has landed. The
+// arrays may go once this returns.
+//
+// # Safety
+// `local` and `remote` are NULL or have `nlocal` and `nremote` readable elements; `peer` is
+// NULL (an error) or NUL-terminated; `notif` is NULL or has `notif_len` readable bytes; `out`
+// is NULL (an error) or writable.
+enum gpuio_status gpuio_xfer_create(const struct gpuio_agent *agent,
+                                    uint32_t op,
+                                    uint32_t mem_local,
+                                    const struct gpuio_desc *local,
+                                    size_t nlocal,
+                                    const char *peer,
+                                    uint32_t mem_remote,
+                                    const struct gpuio_desc *remote,
+                                    size_t nremote,
+                                    const uint8_t *notif,
+                                    size_t notif_len,
+                                    struct gpuio_xfer **out);
+
+// Checks `n` descriptors of memory `mem` once for transfers that pick entries by index
+// (NIXL's `prepXferDlist`): this agent's own registrations where `peer` is NULL, else those
+// of the peer named `peer`. A range in none of them is `GPUIO_ERR_INVALID`.
+//
+// # Safety
+// `peer` is NULL or NUL-terminated; `descs` is NULL or has `n` readable elements; `out` is
+// NULL (an error) or writable.
+enum gpuio_status gpuio_prep_create(const struct gpuio_agent *agent,
+                                    const char *peer,
+                                    uint32_t mem,
+                                    const struct gpuio_desc *descs,
+                                    size_t n,
+                                    struct gpuio_prep **out);
+
+// Frees a prepared list. Transfers made from it are unaffected.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_prep_free(struct gpuio_prep *prep);
+
+// Makes a transfer from entries of two prepared lists (NIXL's `makeXferReq`): `local_prep`
+// made without a peer, `remote_prep` with one, both on this agent; the i-th of the `nli`
+// local indices `li` pairs with the i-th of the `nri` remote indices `ri` (so `{0, 1}`
+// against `{1, 0}` swaps two ranges). An index past its list is `GPUIO_ERR_INVALID`.
+// `notif` as for `gpuio_xfer_create`.
+//
+// # Safety
+// `li` and `ri` are NULL or have `nli` and `nri` readable elements; `notif` is NULL or has
+// `notif_len` readable bytes; `out` is NULL (an error) or writable.
+enum gpuio_status gpuio_xfer_create_prepped(const struct gpuio_agent *agent,
+                                            uint32_t op,
+                                            const struct gpuio_prep *local_prep,
+                                            const size_t *li,
+                                            size_t nli,
+                                            const struct gpuio_prep *remote_prep,
+                                            const size_t *ri,
+                                            size_t nri,
+                                            const uint8_t *notif,
+                                            size_t notif_len,
+                                            struct gpuio_xfer **out);
+
+// Starts the transfer (NIXL's `postXferReq`); it runs on its own, watched with
+// `gpuio_xfer_status` or `gpuio_xfer_wait`. A transfer may be posted again once its last
+// posting has finished (`GPUIO_ERR_INVALID` while it runs). Fails (`GPUIO_ERR_INVALID`) if
+// the peer was removed or reloaded since the transfer was made, or a registration it uses
+// was deregistered.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_xfer_post(const struct gpuio_xfer *xfer);
+
+// Where the latest posting stands, without waiting (NIXL's `getXferStatus`): `GPUIO_OK` once
+// every byte has landed (and the notification was delivered or sent), `GPUIO_PENDING` while
+// it runs, else its failure. Never posted: `GPUIO_ERR_INVALID`.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_xfer_status(const struct gpuio_xfer *xfer);
+
+// Waits until the latest posting finishes and returns its status (as `gpuio_xfer_status`,
+// never `GPUIO_PENDING`). Refused (`GPUIO_ERR_WOULD_BLOCK`) inside a completion callback
+// unless it has finished.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_xfer_wait(const struct gpuio_xfer *xfer);
+
+// Frees a transfer (NIXL's `releaseXferReq`). **A posting still running runs on** to
+// completion (its notification is still sent): its memory stays held by the registrations,
+// whose `gpuio_agent_deregister` waits for it.
+//
+// # Safety
+// None beyond the C contract: any pointer value is accepted.
+enum gpuio_status gpuio_xfer_free(struct gpuio_xfer *xfer);
+
+// Serialises `n` descriptors of memory `mem` for a peer (NIXL's serialised descriptor lists,
+// gpuio's versioned format) into `buf`; `*len` gets the size. `buf` NULL (with `cap` 0) or
+// smaller: `GPUIO_ERR_RANGE`, nothing written, `*len` the size needed.
+//
+// # Safety
+// `descs` is NULL or has `n` readable elements; `buf` is NULL or has `cap` writable bytes;
+// `len` is NULL (an error) or writable.
+enum gpuio_status gpuio_descs_serialize(uint32_t mem,
+                                        const struct gpuio_desc *descs,
+                                        size_t n,
+                                        uint8_t *buf,
+                                        size_t cap,
+                                        size_t *len);
+
+// Reads `len` bytes from `gpuio_descs_serialize` back: `*mem` gets the memory
+// (`GPUIO_MEMORY_*`), `*count` the number of descriptors, and `descs` (room for `cap`) the
+// descriptors. `descs` NULL (with `cap` 0) or too small: `GPUIO_ERR_RANGE`, none written,
+// `*count` the number needed. Bytes that are not such a list: `GPUIO_ERR_INVALID`.
+//
+// # Safety
+// `bytes` is NULL (an error) or has `len` readable bytes; `mem` and `count` are NULL (an
+// error) or writable; `descs` is NULL or has `cap` writable elements.
+enum gpuio_status gpuio_descs_deserialize(const uint8_t *bytes,
+                                          size_t len,
+                                          uint32_t *mem,
+                                          struct gpuio_desc *descs,
+                                          size_t cap,
+                                          size_t *count);
 
 #ifdef __cplusplus
 }  // extern "C"

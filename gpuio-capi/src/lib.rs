@@ -22,12 +22,43 @@
 //!   callbacks run on those threads and must not block.
 //! - `gpuio_engine_free` cancels the engine's running requests (they complete with
 //!   `GPUIO_ERR_CANCELED`) and waits until none touches its buffer, then stops the engine.
+//! - Agents are the exception to "until the call returns": memory given to
+//!   `gpuio_agent_register` stays valid until `gpuio_agent_deregister` (or
+//!   `gpuio_agent_free`) returns.
+//!
+//! ## Agents
+//! The library's agents (NIXL's model: registrations, peers loaded from metadata, READ and
+//! WRITE transfers between descriptor lists, notifications that arrive after the data) as
+//! handles; `tests/c/agent.c` uses every call.
+//! - `gpuio_agent_create(engine, name, flags, &agent)`: `GPUIO_AGENT_UCX_OFF` (peers in this
+//!   process only), `GPUIO_AGENT_UCX_REQUIRED`, `GPUIO_AGENT_NO_IPC`; without a UCX flag,
+//!   peers in other processes are reached through UCX where it loads. Two agents in one
+//!   process copy straight between each other's memory. `gpuio_agent_free` deregisters what
+//!   is left first.
+//! - `gpuio_agent_register(agent, GPUIO_MEMORY_HOST or _DEVICE, addr, len, dev, &reg)`, and
+//!   `gpuio_agent_deregister(reg)`, which waits for the transfers that touch the memory.
+//! - `gpuio_agent_metadata` into a buffer, passed to the peer's `gpuio_agent_add_peer`
+//!   (which gives back the peer's name); `gpuio_agent_remove_peer`.
+//! - Descriptor lists are `gpuio_desc {addr, len, dev}` arrays with a count and a memory type;
+//!   `gpuio_descs_serialize` / `_deserialize` carry them to a peer.
+//! - `gpuio_xfer_create(agent, GPUIO_XFER_READ or _WRITE, local list, peer, remote list,
+//!   notif, &xfer)` checks every range against the registrations once; prepared lists
+//!   (`gpuio_prep_create`, with a peer or NULL for this agent) give
+//!   `gpuio_xfer_create_prepped`, which pairs entries by index. `gpuio_xfer_post` starts it
+//!   (again, once the last posting finished), `gpuio_xfer_status` polls (`GPUIO_PENDING`
+//!   while it runs), `gpuio_xfer_wait` blocks, `gpuio_xfer_free` lets a posting run on.
+//! - `gpuio_agent_send_notif`; `gpuio_agent_get_notif(agent, timeout_ms, ...)` hands out one
+//!   notification (`GPUIO_ERR_TIMEOUT` for none).
+//! - Variable-size outputs (metadata, serialised lists, notifications) follow one convention:
+//!   a NULL buffer with a capacity of 0, or one too small, is `GPUIO_ERR_RANGE` with the size
+//!   needed stored and nothing consumed; call again with a buffer that large.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 // The C names (`gpuio_engine`, `gpuio_status`, `GPUIO_OK`) are the API.
 #![allow(non_camel_case_types)]
 
+pub mod agent;
 pub mod batch;
 pub mod engine;
 mod executor;
@@ -37,6 +68,7 @@ mod registry;
 pub mod request;
 pub mod status;
 mod text;
+pub mod xfer;
 
 pub use status::gpuio_status;
 
@@ -65,6 +97,20 @@ pub const GPUIO_BACKEND_GDS: u32 = 3;
 pub const GPUIO_MEMORY_HOST: u32 = 0;
 /// `gpuio_buffer.kind`: CUDA device memory (`ptr` is a `CUdeviceptr`).
 pub const GPUIO_MEMORY_DEVICE: u32 = 1;
+
+/// `gpuio_agent_create` flag: reach peers in this process only, never load UCX.
+pub const GPUIO_AGENT_UCX_OFF: u32 = 1;
+/// `gpuio_agent_create` flag: fail where UCX cannot be loaded (without either UCX flag, UCX
+/// is used where it loads).
+pub const GPUIO_AGENT_UCX_REQUIRED: u32 = 2;
+/// `gpuio_agent_create` flag: reach device memory of a peer process on this host through UCX
+/// rather than CUDA IPC.
+pub const GPUIO_AGENT_NO_IPC: u32 = 4;
+
+/// `gpuio_xfer_create` operation: from the remote descriptors into the local ones.
+pub const GPUIO_XFER_READ: u32 = 0;
+/// `gpuio_xfer_create` operation: from the local descriptors into the remote ones.
+pub const GPUIO_XFER_WRITE: u32 = 1;
 
 /// What this machine offers gpuio for `path` (a regular file, a block device, or a directory
 /// whose filesystem is probed with a scratch file that is removed again), as the text

@@ -5,7 +5,8 @@ use std::ffi::CString;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 /// What a call did. `GPUIO_OK` is 0; every other value is a failure (or, for
-/// `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request that is still running), and
+/// `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request or transfer that is still running, or
+/// no notification yet; for `GPUIO_ERR_RANGE`, an output buffer to enlarge), and
 /// `gpuio_last_error()` says what happened.
 #[repr(C)]
 #[allow(non_camel_case_types)]
@@ -33,12 +34,15 @@ pub enum gpuio_status {
     /// The engine's reactor thread died; free the engine and create a new one.
     GPUIO_ERR_REACTOR_DIED = 8,
     /// `gpuio_request_wait`: the timeout passed first; the request is still running.
+    /// `gpuio_agent_get_notif`: no notification came within the timeout.
     GPUIO_ERR_TIMEOUT = 9,
-    /// `gpuio_request_test`: the request is still running.
+    /// `gpuio_request_test`: the request is still running. `gpuio_xfer_status`: the transfer
+    /// is still in progress.
     GPUIO_PENDING = 10,
     /// The request was cancelled: its engine was freed while it ran.
     GPUIO_ERR_CANCELED = 11,
-    /// An output buffer is too small; the call says how large it must be.
+    /// An output buffer is too small (or NULL with a capacity of 0: a size query); the call
+    /// says how large it must be.
     GPUIO_ERR_RANGE = 12,
     /// The call would block inside a completion callback (which runs on an engine's
     /// executor thread and must not block): waiting, synchronous I/O, freeing an engine.

@@ -60,3 +60,83 @@ pub(crate) unsafe fn copy_out(
     }
     Ok(())
 }
+
+/// The UTF-8 text `ptr` names (a NUL-terminated string), for names: agents, peers.
+///
+/// # Safety
+/// `ptr` is NULL (an error) or points to a NUL-terminated string that outlives `'a`.
+pub(crate) unsafe fn c_str<'a>(ptr: *const libc::c_char, what: &str) -> Result<&'a str, Failure> {
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!("{what} is a null pointer")));
+    }
+    // SAFETY: non-null, and the caller promises a NUL-terminated string that outlives `'a`.
+    let bytes = unsafe { CStr::from_ptr(ptr) }.to_bytes();
+    std::str::from_utf8(bytes).map_err(|e| Failure::invalid(format!("{what} is not UTF-8: {e}")))
+}
+
+/// The `len` bytes at `ptr` (NULL with `len` 0: none), for messages and metadata.
+///
+/// # Safety
+/// `ptr` is NULL or points to `len` readable bytes that outlive `'a`.
+pub(crate) unsafe fn c_bytes<'a>(
+    ptr: *const u8,
+    len: usize,
+    what: &str,
+) -> Result<&'a [u8], Failure> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what} is a null pointer with a length of {len}"
+        )));
+    }
+    if isize::try_from(len).is_err() {
+        return Err(Failure::invalid(format!(
+            "{what}: a length of {len} bytes is more than any buffer holds"
+        )));
+    }
+    // SAFETY: non-null, `len` readable bytes (the caller's promise), at most isize::MAX.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+/// Writes `data` into `buf` (`cap` bytes) whole, or nothing: `*len` gets `data`'s length
+/// either way, and a NULL `buf` (with `cap` 0: the size query) or a `cap` below it is
+/// `GPUIO_ERR_RANGE`.
+///
+/// # Safety
+/// `buf` is NULL or points to `cap` writable bytes; `len` is NULL (an error) or writable.
+pub(crate) unsafe fn bytes_out(
+    data: &[u8],
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    what: &str,
+) -> Result<(), Failure> {
+    if len.is_null() {
+        return Err(Failure::invalid(format!("{what}: len is a null pointer")));
+    }
+    if buf.is_null() && cap > 0 {
+        return Err(Failure::invalid(format!(
+            "{what}: the buffer is a null pointer with a capacity of {cap}"
+        )));
+    }
+    // SAFETY: non-null, and writable by this function's contract.
+    unsafe { *len = data.len() };
+    if data.is_empty() {
+        return Ok(());
+    }
+    if buf.is_null() || cap < data.len() {
+        return Err(Failure::new(
+            gpuio_status::GPUIO_ERR_RANGE,
+            format!(
+                "{what}: {} bytes do not fit a buffer of {cap}: *len has the size needed",
+                data.len()
+            ),
+        ));
+    }
+    // SAFETY: `buf` has `cap >= data.len()` writable bytes; `data` is gpuio's own memory, so
+    // the two cannot overlap.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf, data.len()) };
+    Ok(())
+}

@@ -115,7 +115,13 @@ impl DescList {
         w.buf
     }
     /// A list from [`serialize`](Self::serialize)'s bytes; anything else is an error.
-    pub fn deserialize(bytes: &[u8]) -> Result<DescList, String> {
+    pub fn deserialize(bytes: &[u8]) -> crate::Result<DescList> {
+        Self::decode(bytes).map_err(|why| {
+            crate::Error::invalid(crate::error::Context::op(crate::error::OpKind::Agent), why)
+        })
+    }
+
+    fn decode(bytes: &[u8]) -> Result<DescList, String> {
         let (mut r, v) = Reader::new(bytes, MAGIC, "descriptor list")?;
         if v != VERSION {
             return Err(format!(

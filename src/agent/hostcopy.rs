@@ -77,7 +77,9 @@ pub(crate) unsafe fn copy(segs: Vec<Seg>, done: Box<dyn FnOnce() + Send>) {
     let total: u64 = segs.iter().map(|s| s.len).sum();
     let p = pool();
     let shares = (total / MIN_SHARE).clamp(1, p.threads as u64) as usize;
-    if total < INLINE_BYTES || shares == 1 {
+    // Small transfers copy here; larger ones go to the copy threads even where there is one,
+    // so that posting never blocks for a large copy.
+    if total < INLINE_BYTES {
         // SAFETY: the caller's contract.
         unsafe { run(&segs) };
         done();

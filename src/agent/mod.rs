@@ -312,6 +312,7 @@ impl Agent {
         let s = &self.shared;
         match peer {
             None => Ok(PreparedList {
+                owner: Arc::downgrade(s),
                 mem: list.mem,
                 peer: None,
                 local: s.resolve_local(list, "")?,
@@ -320,6 +321,7 @@ impl Agent {
             Some(name) => {
                 let peer = s.peer(name)?;
                 Ok(PreparedList {
+                    owner: Arc::downgrade(s),
                     mem: list.mem,
                     remote: s.resolve_remote(&peer, list)?,
                     peer: Some(peer),
@@ -365,6 +367,13 @@ impl Agent {
                 "the local list must be prepared without a peer and the remote one with one",
             ));
         };
+        let mine = |p: &PreparedList| std::ptr::eq(p.owner.as_ptr(), Arc::as_ptr(s));
+        if !mine(local) || !mine(remote) {
+            return Err(Error::invalid(
+                err(OpKind::Transfer, &peer.name),
+                format!("a list prepared by another agent than {:?}", s.name),
+            ));
+        }
         let pick = |n: usize, idx: &[usize], side: &str| -> Result<()> {
             match idx.iter().find(|&&i| i >= n) {
                 Some(i) => Err(Error::invalid(
@@ -463,7 +472,7 @@ impl AgentShared {
         Error::invalid(
             err(OpKind::Agent, name),
             format!(
-                "agent {:?} knows no agent {name:?}: load its metadata first (add_peer)",
+                "{:?} knows no agent {name:?}: load its metadata first (add_peer)",
                 self.name
             ),
         )

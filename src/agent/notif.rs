@@ -47,21 +47,24 @@ impl NotifQueue {
 
     /// The next notification, waiting up to `timeout` for one.
     pub(crate) fn wait_next(&self, timeout: Duration) -> Option<Notification> {
-        let deadline = Instant::now() + timeout;
+        // A timeout past what the clock can add (`Duration::MAX`) waits for good.
+        let deadline = Instant::now().checked_add(timeout);
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(n) = q.pop_front() {
                 return Some(n);
             }
             let now = Instant::now();
-            if now >= deadline {
-                return None;
-            }
-            q = self
-                .cv
-                .wait_timeout(q, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            q = match deadline {
+                Some(d) if now >= d => return None,
+                Some(d) => {
+                    self.cv
+                        .wait_timeout(q, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.cv.wait(q).unwrap_or_else(|e| e.into_inner()),
+            };
         }
     }
 

@@ -25,8 +25,12 @@ impl Agent {
     pub fn register<M: AgentMemory>(&self, mem: M) -> Result<Registration<M>> {
         let s = &self.shared;
         let ctx = || Context::op(OpKind::Agent);
-        let desc = mem.desc();
         let kind = mem.mem_type();
+        let mut desc = mem.desc();
+        if kind == MemType::Host {
+            // Host memory has no device: one value, so overlaps are found whatever was given.
+            desc.dev = 0;
+        }
         if desc.len == 0 {
             return Err(Error::invalid(ctx(), "registering zero bytes"));
         }

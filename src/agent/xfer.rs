@@ -86,6 +86,8 @@ pub(crate) enum RemoteRef {
 
 /// A checked descriptor list, reusable with index selection (NIXL's `prep_xfer_dlist`).
 pub struct PreparedList {
+    /// The agent that prepared it: only that agent's requests may use it.
+    pub(crate) owner: std::sync::Weak<AgentShared>,
     pub(crate) mem: MemType,
     /// `None`: this agent's own memory; else the peer it belongs to.
     pub(crate) peer: Option<Arc<Peer>>,
@@ -444,6 +446,7 @@ pub enum XferStatus {
 /// A posted transfer: a future of its result. Dropping or leaking it leaves the transfer
 /// running to completion; the memory it touches stays registered until then.
 #[must_use = "a transfer runs anyway; await it (or check its status) to learn its result"]
+#[derive(Clone)]
 pub struct Transfer {
     state: Arc<XferState>,
     path: XferPath,
@@ -461,6 +464,29 @@ impl Transfer {
             None => XferStatus::InProgress,
             Some(Ok(())) => XferStatus::Done,
             Some(Err(e)) => XferStatus::Failed(e),
+        }
+    }
+
+    /// Blocks the calling thread until it finishes or `timeout` passes (`None`).
+    pub fn wait_timeout(&self, timeout: std::time::Duration) -> Option<Result<()>> {
+        let deadline = std::time::Instant::now().checked_add(timeout);
+        let mut g = self.state.result.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(r) = g.as_ref() {
+                return Some(r.as_ref().map(|_| ()).map_err(Error::duplicate));
+            }
+            let now = std::time::Instant::now();
+            g = match deadline {
+                Some(d) if now >= d => return None,
+                Some(d) => {
+                    self.state
+                        .cv
+                        .wait_timeout(g, d - now)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None => self.state.cv.wait(g).unwrap_or_else(|e| e.into_inner()),
+            };
         }
     }
 
