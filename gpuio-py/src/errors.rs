@@ -1,6 +1,7 @@
 //! gpuio's errors as Python exceptions: one `gpuio.Error` hierarchy (defined in
 //! `gpuio/_errors.py`, so its classes can also derive from `OSError`, `ValueError`, ...), each
-//! carrying the library's op, path, offset and backend as attributes and in its message.
+//! carrying the library's op, path, offset, backend and peer agent as attributes and in its
+//! message.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -23,7 +24,32 @@ fn class_name(e: &gpuio::Error) -> &'static str {
 
 /// Converts a library error into the matching `gpuio` exception.
 pub fn to_py(e: gpuio::Error) -> PyErr {
-    Python::attach(|py| build(py, &e).unwrap_or_else(|import_failed| import_failed))
+    to_py_ref(&e)
+}
+
+/// [`to_py`] for an error shared by several parties (one failed transfer awaited by several
+/// callers): the library's errors are not `Clone`, so each party builds its own exception.
+pub fn to_py_ref(e: &gpuio::Error) -> PyErr {
+    Python::attach(|py| build(py, e).unwrap_or_else(|import_failed| import_failed))
+}
+
+/// An operation's error, turned into the `gpuio` exception once the result reaches Python
+/// (`runner::spawn`).
+pub trait IntoPyErr: Send + 'static {
+    /// The exception.
+    fn into_py_err(self) -> PyErr;
+}
+
+impl IntoPyErr for gpuio::Error {
+    fn into_py_err(self) -> PyErr {
+        to_py(self)
+    }
+}
+
+impl IntoPyErr for std::sync::Arc<gpuio::Error> {
+    fn into_py_err(self) -> PyErr {
+        to_py_ref(&self)
+    }
 }
 
 fn build(py: Python<'_>, e: &gpuio::Error) -> PyResult<PyErr> {
@@ -50,6 +76,7 @@ fn build(py: Python<'_>, e: &gpuio::Error) -> PyResult<PyErr> {
     exc.setattr("path", path)?;
     exc.setattr("offset", ctx.offset)?;
     exc.setattr("backend", ctx.backend)?;
+    exc.setattr("peer", ctx.peer.as_deref())?;
     Ok(PyErr::from_value(exc))
 }
 

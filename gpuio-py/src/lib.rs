@@ -8,6 +8,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod agent;
 mod context;
 mod errors;
 mod exit;
@@ -78,6 +79,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;
     m.add_class::<CheckReport>()?;
+    m.add_class::<agent::Agent>()?;
+    m.add_class::<agent::DescList>()?;
+    m.add_class::<agent::PreparedList>()?;
+    m.add_class::<agent::Registration>()?;
+    m.add_class::<agent::XferRequest>()?;
     m.add_function(wrap_pyfunction!(exit::_at_exit, m)?)?;
     exit::register_fork_handler();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

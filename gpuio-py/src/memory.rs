@@ -59,6 +59,12 @@ impl HostMemory {
         unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 
+    /// The address and length, for the library's calls that take memory by address (agent
+    /// registrations, which keep `self` for as long as the range is registered).
+    pub fn range(&self) -> (u64, usize) {
+        (self.ptr as u64, self.len)
+    }
+
     /// The bytes, to write from.
     pub fn bytes(&self) -> &[u8] {
         if self.len == 0 {

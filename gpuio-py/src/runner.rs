@@ -30,7 +30,7 @@ use pyo3::IntoPyObjectExt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::errors::to_py;
+use crate::errors::IntoPyErr;
 use crate::exit;
 
 /// The binding's pool of this process: polls asyncio operations and waits out device memory
@@ -75,16 +75,18 @@ pub fn block<T: Send>(py: Python<'_>, fut: impl Future<Output = T> + Send) -> T 
     exit::detach(py, || futures::executor::block_on(fut))
 }
 
-type BoxedOp<T> = Pin<Box<dyn Future<Output = gpuio::Result<T>> + Send>>;
+type BoxedOp<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+/// A completed operation's result, with what is left of the operation (dropped after).
+type Finished<T, E> = (Result<T, E>, BoxedOp<T, E>);
 
 /// One asyncio operation, shared by the pool task that polls it and the asyncio future that
 /// may cancel it: whoever takes it out ends it (completion on the pool, or the cancel).
-struct OpCell<T> {
-    op: Mutex<Option<BoxedOp<T>>>,
+struct OpCell<T, E> {
+    op: Mutex<Option<BoxedOp<T, E>>>,
 }
 
-impl<T> OpCell<T> {
-    fn take(&self) -> Option<BoxedOp<T>> {
+impl<T, E> OpCell<T, E> {
+    fn take(&self) -> Option<BoxedOp<T, E>> {
         self.op
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -93,7 +95,7 @@ impl<T> OpCell<T> {
 
     /// Polls the operation; `Ready(None)` once a cancel took it. When it completes, it is
     /// taken out and returned with its result, to be dropped by the caller outside the lock.
-    fn poll(&self, cx: &mut Context<'_>) -> Poll<Option<(gpuio::Result<T>, BoxedOp<T>)>> {
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<Option<Finished<T, E>>> {
         let mut slot = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(op) = slot.as_mut() else {
             return Poll::Ready(None);
@@ -111,7 +113,7 @@ trait Stop: Send + Sync {
     fn stop(&self, py: Python<'_>);
 }
 
-impl<T: Send> Stop for OpCell<T> {
+impl<T: Send, E: Send> Stop for OpCell<T, E> {
     fn stop(&self, py: Python<'_>) {
         // The lock is held only while the pool polls (a poll copies at most a few pieces);
         // waiting for it without the GIL lets that poll's thread attach if it must.
@@ -137,20 +139,22 @@ impl StopOp {
 
 /// An asyncio future (a `gpuio._aio.OpFuture` on the running loop) that completes with `op`'s
 /// result. `op` runs on the binding's pool; it owns the Python memory it uses. Cancelling the
-/// future drops `op` before `cancel()` returns (module docs).
-pub fn spawn<'py, T>(
+/// future drops `op` before `cancel()` returns (module docs). `op`'s error becomes its `gpuio`
+/// exception on the thread that delivers it ([`IntoPyErr`]).
+pub fn spawn<'py, T, E>(
     py: Python<'py>,
-    op: impl Future<Output = gpuio::Result<T>> + Send + 'static,
+    op: impl Future<Output = Result<T, E>> + Send + 'static,
 ) -> PyResult<Bound<'py, PyAny>>
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
+    E: IntoPyErr,
 {
     let pool = pool().ok_or_else(|| {
         pyo3::exceptions::PyRuntimeError::new_err("gpuio: the OS refused to start gpuio's threads")
     })?;
     let aio = py.import("gpuio._aio")?;
     let event_loop = py.import("asyncio")?.call_method0("get_running_loop")?;
-    let cell: Arc<OpCell<T>> = Arc::new(OpCell {
+    let cell: Arc<OpCell<T, E>> = Arc::new(OpCell {
         op: Mutex::new(Some(Box::pin(op))),
     });
     let kwargs = PyDict::new(py);
@@ -175,7 +179,10 @@ where
                     Err(e) => (false, e.into_value(py).into_bound(py).into_any()),
                 },
                 // Converted here, attached through `exit::attach`: never inside a poll.
-                Err(e) => (false, to_py(e).into_value(py).into_bound(py).into_any()),
+                Err(e) => (
+                    false,
+                    e.into_py_err().into_value(py).into_bound(py).into_any(),
+                ),
             };
             // Fails only if the loop was closed meanwhile: nobody awaits the result then.
             let _ = event_loop.bind(py).call_method1(

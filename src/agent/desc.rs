@@ -115,9 +115,12 @@ impl DescList {
         w.buf
     }
     /// A list from [`serialize`](Self::serialize)'s bytes; anything else is an error.
-    pub fn deserialize(bytes: &[u8]) -> crate::Result<DescList> {
+    pub fn deserialize(bytes: &[u8]) -> crate::error::Result<DescList> {
         Self::decode(bytes).map_err(|why| {
-            crate::Error::invalid(crate::error::Context::op(crate::error::OpKind::Agent), why)
+            crate::error::Error::invalid(
+                crate::error::Context::op(crate::error::OpKind::Agent),
+                why,
+            )
         })
     }
 

@@ -84,9 +84,9 @@ pub struct DeviceBuffer(crate::cuda::xfer::DeviceAlloc);
 #[cfg(feature = "cuda")]
 impl DeviceBuffer {
     /// `len` zeroed bytes on GPU `ordinal`.
-    pub fn new(ordinal: usize, len: usize) -> crate::Result<DeviceBuffer> {
+    pub fn new(ordinal: usize, len: usize) -> crate::error::Result<DeviceBuffer> {
         if len == 0 {
-            return Err(crate::Error::invalid(
+            return Err(crate::error::Error::invalid(
                 crate::error::Context::op(crate::error::OpKind::DeviceMemory),
                 "a device buffer of zero bytes",
             ));
@@ -94,25 +94,25 @@ impl DeviceBuffer {
         crate::cuda::xfer::DeviceAlloc::new(ordinal, len)
             .map(DeviceBuffer)
             .map_err(|e| {
-                crate::Error::cuda_msg(
+                crate::error::Error::cuda_msg(
                     crate::error::Context::op(crate::error::OpKind::DeviceMemory),
                     e,
                 )
             })
     }
     /// Copies `src` to the start of the buffer (synchronously).
-    pub fn write(&self, src: &[u8]) -> crate::Result<()> {
+    pub fn write(&self, src: &[u8]) -> crate::error::Result<()> {
         self.0.write(src).map_err(|e| {
-            crate::Error::cuda_msg(
+            crate::error::Error::cuda_msg(
                 crate::error::Context::op(crate::error::OpKind::DeviceMemory),
                 e,
             )
         })
     }
     /// The buffer's bytes, copied to host memory (synchronously).
-    pub fn to_vec(&self) -> crate::Result<Vec<u8>> {
+    pub fn to_vec(&self) -> crate::error::Result<Vec<u8>> {
         self.0.read().map_err(|e| {
-            crate::Error::cuda_msg(
+            crate::error::Error::cuda_msg(
                 crate::error::Context::op(crate::error::OpKind::DeviceMemory),
                 e,
             )

@@ -562,12 +562,17 @@ impl AgentShared {
                             d,
                             "lies in none of the registrations in the peer's metadata",
                         )),
-                        Some(k) if peer.meta.regs[k].rkey.is_empty() => Err(bad(
-                            i,
-                            d,
-                            "lies in a registration the peer's UCX could not map \
+                        Some(k)
+                            if peer.meta.regs[k].rkey.is_empty()
+                                && peer.ipc_mapping(k).is_none() =>
+                        {
+                            Err(bad(
+                                i,
+                                d,
+                                "lies in a registration the peer's UCX could not map \
                              (device memory with a UCX built without CUDA)",
-                        )),
+                            ))
+                        }
                         Some(k) => Ok((*d, RemoteRef::Ucx(k))),
                     }
                 })

@@ -43,6 +43,20 @@ impl Agent {
                 "device memory needs a CUDA driver and GPU, and this machine has none",
             ));
         }
+        #[cfg(feature = "cuda")]
+        if kind == MemType::Device {
+            // The driver confirms the range is device memory of that GPU, all in one
+            // allocation (page-locked host memory would pass a looser check).
+            // SAFETY: only a check: the slice is dropped at once and used for nothing; the
+            // memory's validity is `AgentMemory`'s contract.
+            unsafe {
+                crate::buf::raw_device::RawDeviceSlice::new(
+                    desc.dev as usize,
+                    desc.addr,
+                    desc.len as usize,
+                )
+            }?;
+        }
         let remote_access = match &s.remote {
             Some(r) => r.map(kind, desc),
             None => None,

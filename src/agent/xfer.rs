@@ -7,8 +7,6 @@ use std::pin::Pin as StdPin;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskCx, Poll};
 
-use futures::task::AtomicWaker;
-
 use super::desc::{Desc, MemType};
 use super::hostcopy::Seg;
 use super::mem::{Pin, RegState};
@@ -384,7 +382,6 @@ impl Completion {
             Some(why) => Err(why),
             None => r,
         };
-        drop(pins);
         let r = match (r, notify) {
             (Ok(()), Some((peer, n))) => match &peer.link {
                 Link::Local { notifs, .. } => {
@@ -404,23 +401,36 @@ impl Completion {
                 std::io::Error::other(why),
             )
         });
+        // Done before the registrations go: whoever sees one released sees the transfer done.
         state.set(r);
+        drop(pins);
     }
 }
 
-/// What a transfer's future and its completion share.
+/// What a transfer's futures (clones of one [`Transfer`]) and its completion share.
 #[derive(Default)]
 pub(crate) struct XferState {
     result: Mutex<Option<Result<()>>>,
     cv: Condvar,
-    waker: AtomicWaker,
+    /// Every clone polled while the transfer ran: each is woken.
+    wakers: Mutex<Vec<std::task::Waker>>,
 }
 
 impl XferState {
     fn set(&self, r: Result<()>) {
         *self.result.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
         self.cv.notify_all();
-        self.waker.wake();
+        let wakers = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    fn register(&self, w: &std::task::Waker) {
+        let mut ws = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if !ws.iter().any(|x| x.will_wake(w)) {
+            ws.push(w.clone());
+        }
     }
 
     fn peek(&self) -> Option<Result<()>> {
@@ -508,7 +518,7 @@ impl Future for Transfer {
         if let Some(r) = self.state.peek() {
             return Poll::Ready(r);
         }
-        self.state.waker.register(cx.waker());
+        self.state.register(cx.waker());
         match self.state.peek() {
             Some(r) => Poll::Ready(r),
             None => Poll::Pending,

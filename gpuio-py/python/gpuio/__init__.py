@@ -10,7 +10,8 @@
 Destinations and sources: the buffer protocol (numpy, bytearray, memoryview) for host memory;
 ``__cuda_array_interface__`` and DLPack (torch, cupy) for device memory.
 ``gpuio.safetensors.torch`` and ``gpuio.safetensors.numpy`` mirror the safetensors package's
-modules. ``print(gpuio.check())`` says what this machine offers (as ``gpuio check``). Errors are ``gpuio.Error`` subclasses (see ``gpuio._errors``).
+modules. ``gpuio.agent`` moves memory between agents (processes, hosts) with NIXL's Python
+API. ``print(gpuio.check())`` says what this machine offers (as ``gpuio check``). Errors are ``gpuio.Error`` subclasses (see ``gpuio._errors``).
 """
 
 from gpuio._errors import (

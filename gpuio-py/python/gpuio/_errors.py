@@ -2,8 +2,9 @@
 
 Every error the library reports is a :class:`Error`; each also derives from the standard
 exception that fits, so ``except OSError`` or ``except ValueError`` keep working. The
-attributes ``op``, ``path``, ``offset`` and ``backend`` say what failed where (``None`` where
-the library had no such detail); the message carries them too.
+attributes ``op``, ``path``, ``offset``, ``backend`` and ``peer`` (the other agent of an agent
+operation) say what failed where (``None`` where the library had no such detail); the message
+carries them too.
 """
 
 
@@ -14,6 +15,7 @@ class Error(Exception):
     path = None
     offset = None
     backend = None
+    peer = None
 
 
 class IoError(Error, OSError):
