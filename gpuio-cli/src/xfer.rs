@@ -17,7 +17,7 @@ use crate::size::{ByteSize, fmt_bytes, short_size};
 use crate::stdout::outln;
 use crate::validate;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct XferArgs {
     /// Bytes per descriptor.
     #[arg(long, default_value = "16M", value_parser = validate::positive_size)]
@@ -52,6 +52,11 @@ pub struct XferArgs {
     /// One JSON object per result line as well.
     #[arg(long)]
     json: bool,
+    /// Also run NIXL (its UCX backend, through gpuio-py/bench/nixl_xfer.py and python3) on the
+    /// same case, alternating rounds, and print both medians and the ratio. The script is
+    /// found through $GPUIO_NIXL_XFER, next to this binary, or under gpuio-py/bench/.
+    #[arg(long, value_parser = ["nixl"])]
+    compare: Option<String>,
     /// Run as the target of another `gpuio xfer --procs 2` (internal).
     #[arg(long, hide = true)]
     serve: bool,
@@ -224,10 +229,10 @@ pub async fn run(a: XferArgs) -> CliResult {
         child = Some(c);
         d
     };
-    let result = if a.notif {
-        notif_latency(&a, &initiator)
-    } else {
-        transfers(&a, &initiator, &mine, &theirs).await
+    let result = match &a.compare {
+        None if a.notif => notif_latency(&a, &initiator).map(|_| ()),
+        None => transfers(&a, &initiator, &mine, &theirs).await.map(|_| ()),
+        Some(peer) => compare(&a, peer, &initiator, &mine, &theirs).await,
     };
     if let Some((stop, t)) = local_echo {
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -240,7 +245,12 @@ pub async fn run(a: XferArgs) -> CliResult {
     result
 }
 
-async fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescList) -> CliResult {
+async fn transfers(
+    a: &XferArgs,
+    initiator: &Agent,
+    mine: &Held,
+    theirs: &DescList,
+) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
     let size = a.size.0;
     let local = split(&mine.descs(), a.descs, size);
     let remote = split(theirs, a.descs, size);
@@ -298,10 +308,13 @@ async fn transfers(a: &XferArgs, initiator: &Agent, mine: &Held, theirs: &DescLi
             })
         )?;
     }
-    Ok(())
+    Ok(gbs)
 }
 
-fn notif_latency(a: &XferArgs, initiator: &Agent) -> CliResult {
+fn notif_latency(
+    a: &XferArgs,
+    initiator: &Agent,
+) -> Result<f64, Box<dyn std::error::Error + Send + Sync>> {
     let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
     let n = a.iters.max(1000);
     for i in 0..n + 100 {
@@ -331,7 +344,7 @@ fn notif_latency(a: &XferArgs, initiator: &Agent) -> CliResult {
             serde_json::json!({"notif_one_way_p50_us": us(0.5), "p99_us": us(0.99), "procs": a.procs})
         )?;
     }
-    Ok(())
+    Ok(us(0.5))
 }
 
 /// The target side of `--procs 1` pings, run on a thread: echoes every notification.
@@ -386,4 +399,138 @@ fn start_local_echo(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (t, s) = (target.clone(), stop.clone());
     (stop, std::thread::spawn(move || echo(t, s)))
+}
+
+/// The NIXL peer script, where one is found.
+fn nixl_script() -> Option<std::path::PathBuf> {
+    if let Ok(p) = std::env::var("GPUIO_NIXL_XFER") {
+        return Some(p.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [
+        dir.join("nixl_xfer.py"),
+        dir.join("../nixl_xfer.py"),
+        dir.join("../py/bench/nixl_xfer.py"),
+        "gpuio-py/bench/nixl_xfer.py".into(),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+/// One NIXL round of the same case: its JSON line's `key`, or why there is none.
+fn nixl_round(a: &XferArgs, script: &std::path::Path, key: &str) -> Result<f64, String> {
+    let py = std::env::var("GPUIO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let mut cmd = Command::new(py);
+    cmd.arg(script).args([
+        "--size",
+        &a.size.0.to_string(),
+        "--descs",
+        &a.descs.to_string(),
+        "--op",
+        if a.op == XferOp::Read {
+            "read"
+        } else {
+            "write"
+        },
+        "--initiator",
+        &a.initiator.to_string().to_ascii_lowercase(),
+        "--target",
+        &a.target.to_string().to_ascii_lowercase(),
+        "--procs",
+        &a.procs.to_string(),
+        "--iters",
+        &a.iters.to_string(),
+        "--rounds",
+        "1",
+        "--json",
+    ]);
+    if a.notif {
+        cmd.arg("--notif");
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if let Some(l) = text.lines().find(|l| l.starts_with("SKIPPED")) {
+        return Err(l.to_string());
+    }
+    let json = text
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .ok_or_else(|| {
+            format!(
+                "NIXL printed no result (exit {}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+            )
+        })?;
+    json.get(key)
+        .and_then(serde_json::Value::as_f64)
+        .ok_or_else(|| format!("NIXL's result has no {key}: {json}"))
+}
+
+/// `--compare nixl`: alternating rounds of gpuio and NIXL on the same case.
+async fn compare(
+    a: &XferArgs,
+    _peer: &str,
+    initiator: &Agent,
+    mine: &Held,
+    theirs: &DescList,
+) -> CliResult {
+    let script = nixl_script().ok_or(
+        "--compare nixl: nixl_xfer.py not found (set GPUIO_NIXL_XFER to gpuio-py/bench/nixl_xfer.py)",
+    )?;
+    let key = if a.notif {
+        "notif_one_way_p50_us"
+    } else {
+        "gbps"
+    };
+    let one = XferArgs {
+        rounds: 1,
+        json: false,
+        ..a.clone()
+    };
+    let (mut ours, mut theirs_v) = (Vec::new(), Vec::new());
+    for _ in 0..a.rounds {
+        ours.push(if a.notif {
+            notif_latency(&one, initiator)?
+        } else {
+            transfers(&one, initiator, mine, theirs).await?
+        });
+        match nixl_round(a, &script, key) {
+            Ok(v) => theirs_v.push(v),
+            Err(e) => {
+                outln!("NIXL: {e}")?;
+                return Ok(());
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (g, n) = (median(&mut ours), median(&mut theirs_v));
+    let unit = if a.notif {
+        "us one way (lower is better)"
+    } else {
+        "GB/s"
+    };
+    let ratio = if a.notif { n / g } else { g / n };
+    outln!(
+        "compare over {} alternating rounds: gpuio {g:.2} {unit}, NIXL {n:.2}; gpuio/NIXL {ratio:.2}x",
+        a.rounds
+    )?;
+    if a.json {
+        outln!(
+            "{}",
+            serde_json::json!({"compare": "nixl", "gpuio": g, "nixl": n, "ratio": ratio,
+                "metric": key, "rounds": a.rounds})
+        )?;
+    }
+    Ok(())
 }
