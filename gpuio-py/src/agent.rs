@@ -48,12 +48,7 @@ fn xfer_op(py: Python<'_>, s: &str) -> PyResult<XferOp> {
 
 /// The path's short name, as errors name it (`via memcpy`).
 fn path_name(p: XferPath) -> &'static str {
-    match p {
-        XferPath::HostCopy => "memcpy",
-        XferPath::CudaCopy => "cuda",
-        XferPath::CudaIpc => "cuda-ipc",
-        XferPath::Ucx => "ucx",
-    }
+    p.backend()
 }
 
 fn indices(py: Python<'_>, side: &str, v: Vec<i128>) -> PyResult<Vec<usize>> {

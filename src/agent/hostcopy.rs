@@ -73,7 +73,11 @@ fn pool() -> &'static Pool {
 /// # Safety
 /// Every segment's `src` must be readable and `dst` writable for `len` bytes until `done`
 /// has been called.
-pub(crate) unsafe fn copy(segs: Vec<Seg>, done: Box<dyn FnOnce() + Send>) {
+pub(crate) unsafe fn copy(
+    segs: Vec<Seg>,
+    how: Mover,
+    done: Box<dyn FnOnce(Result<(), String>) + Send>,
+) {
     let total: u64 = segs.iter().map(|s| s.len).sum();
     let p = pool();
     let shares = (total / MIN_SHARE).clamp(1, p.threads as u64) as usize;
@@ -81,24 +85,31 @@ pub(crate) unsafe fn copy(segs: Vec<Seg>, done: Box<dyn FnOnce() + Send>) {
     // so that posting never blocks for a large copy.
     if total < INLINE_BYTES {
         // SAFETY: the caller's contract.
-        unsafe { run(&segs) };
-        done();
+        done(unsafe { run(&segs, how) });
         return;
     }
     let parts = split(&segs, shares);
     let left = Arc::new(AtomicUsize::new(parts.len()));
     let done = Arc::new(Mutex::new(Some(done)));
+    let failed: Arc<Mutex<Option<String>>> = Arc::default();
     let tx = p.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for part in parts {
         let left = left.clone();
         let done = done.clone();
+        let failed = failed.clone();
         let job: Job = Box::new(move || {
             // SAFETY: the caller keeps the ranges valid until `done`, which runs only after
             // the last part has been copied.
-            unsafe { run(&part) };
+            if let Err(e) = unsafe { run(&part, how) } {
+                failed
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get_or_insert(e);
+            }
             if left.fetch_sub(1, Ordering::AcqRel) == 1 {
                 if let Some(d) = done.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                    d();
+                    let r = failed.lock().unwrap_or_else(|e| e.into_inner()).take();
+                    d(r.map_or(Ok(()), Err));
                 }
             }
         });
@@ -108,13 +119,124 @@ pub(crate) unsafe fn copy(segs: Vec<Seg>, done: Box<dyn FnOnce() + Send>) {
     }
 }
 
+/// How a copy moves bytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Mover {
+    /// Both ranges in this process: `memmove`.
+    Local,
+    /// The remote side in process `pid` on this host: `process_vm_readv` (READ: remote
+    /// sources) or `process_vm_writev` (WRITE: remote destinations).
+    Process { pid: i32, read: bool },
+}
+
 /// # Safety
 /// As [`copy`].
-unsafe fn run(segs: &[Seg]) {
-    for s in segs {
-        // SAFETY: the caller's contract; `copy` (memmove) allows the ranges to overlap.
-        unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.len as usize) };
+unsafe fn run(segs: &[Seg], how: Mover) -> Result<(), String> {
+    match how {
+        Mover::Local => {
+            for s in segs {
+                // SAFETY: the caller's contract; `copy` (memmove) allows overlap.
+                unsafe { std::ptr::copy(s.src as *const u8, s.dst as *mut u8, s.len as usize) };
+            }
+            Ok(())
+        }
+        Mover::Process { pid, read } => {
+            // Up to IOV_MAX pairs per call; a short count finishes descriptor by descriptor.
+            for group in segs.chunks(1024) {
+                let iov = |addr: u64, len: u64| libc::iovec {
+                    iov_base: addr as *mut libc::c_void,
+                    iov_len: len as usize,
+                };
+                let (local, remote): (Vec<_>, Vec<_>) = group
+                    .iter()
+                    .map(|s| {
+                        if read {
+                            (iov(s.dst, s.len), iov(s.src, s.len))
+                        } else {
+                            (iov(s.src, s.len), iov(s.dst, s.len))
+                        }
+                    })
+                    .unzip();
+                let want: u64 = group.iter().map(|s| s.len).sum();
+                // SAFETY: the local ranges lie in registrations the caller keeps valid; the
+                // remote ones are the peer's, which the kernel checks against its mappings.
+                let n = unsafe { process_vm(pid, read, &local, &remote) };
+                if n < 0 {
+                    return Err(cross_process_error(pid));
+                }
+                if n as u64 != want {
+                    for (l, r) in local.iter().zip(&remote) {
+                        let mut done = 0usize;
+                        while done < l.iov_len {
+                            let l1 = [iov(
+                                l.iov_base as u64 + done as u64,
+                                (l.iov_len - done) as u64,
+                            )];
+                            let r1 = [iov(
+                                r.iov_base as u64 + done as u64,
+                                (r.iov_len - done) as u64,
+                            )];
+                            // SAFETY: as above, a sub-range.
+                            let n = unsafe { process_vm(pid, read, &l1, &r1) };
+                            if n <= 0 {
+                                return Err(cross_process_error(pid));
+                            }
+                            done += n as usize;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
     }
+}
+
+/// # Safety
+/// `local` must be valid for the direction's access.
+unsafe fn process_vm(pid: i32, read: bool, local: &[libc::iovec], remote: &[libc::iovec]) -> isize {
+    // SAFETY: both iovec arrays are valid for their lengths; the caller vouches for `local`.
+    unsafe {
+        if read {
+            libc::process_vm_readv(
+                pid,
+                local.as_ptr(),
+                local.len() as _,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        } else {
+            libc::process_vm_writev(
+                pid,
+                local.as_ptr(),
+                local.len() as _,
+                remote.as_ptr(),
+                remote.len() as _,
+                0,
+            )
+        }
+    }
+}
+
+fn cross_process_error(pid: i32) -> String {
+    let e = std::io::Error::last_os_error();
+    format!("copying with process {pid}'s memory (process_vm_readv/writev): {e}")
+}
+
+/// Whether this process may copy from process `pid`'s memory at `addr` (ptrace permission:
+/// the same user, and Yama's `ptrace_scope` allowing it).
+pub(crate) fn can_reach(pid: i32, addr: u64) -> bool {
+    let mut b = 0u8;
+    let l = [libc::iovec {
+        iov_base: (&mut b as *mut u8).cast(),
+        iov_len: 1,
+    }];
+    let r = [libc::iovec {
+        iov_base: addr as *mut libc::c_void,
+        iov_len: 1,
+    }];
+    // SAFETY: `l` is one valid byte of ours; the kernel checks the remote one.
+    unsafe { process_vm(pid, true, &l, &r) == 1 }
 }
 
 /// `segs` cut into `n` parts of about equal bytes (segments split where a part ends).

@@ -71,8 +71,9 @@ use xfer::RemoteRef;
 pub struct AgentConfig {
     /// Whether the agent reaches peers in other processes through UCX.
     pub ucx: UcxMode,
-    /// Device memory of a peer process on the same host is copied to and from directly
-    /// through CUDA IPC (the default), instead of through UCX.
+    /// A peer process on the same host is reached directly (the default), instead of through
+    /// UCX: its device memory through CUDA IPC, its host memory with cross-memory attach
+    /// (`process_vm_readv`/`writev`, where ptrace permission allows).
     pub same_host_ipc: bool,
 }
 
@@ -263,12 +264,21 @@ impl Agent {
             }
             _ => Vec::new(),
         };
+        let cross_memory = matches!(link, Link::Remote(_))
+            && meta.host == s.host
+            && s.config.same_host_ipc
+            && meta
+                .regs
+                .iter()
+                .find(|r| r.mem == MemType::Host)
+                .is_some_and(|r| hostcopy::can_reach(meta.pid as i32, r.desc.addr));
         let name = meta.name.clone();
         let peer = Arc::new(Peer {
             name: name.clone(),
             meta,
             link,
             ipc,
+            cross_memory,
         });
         s.peers
             .lock()
@@ -630,6 +640,13 @@ impl AgentShared {
             });
         let path = match &peer.link {
             Link::Remote(_) if by_ipc => XferPath::CudaIpc,
+            Link::Remote(_)
+                if peer.cross_memory
+                    && local_mem == MemType::Host
+                    && remote_mem == MemType::Host =>
+            {
+                XferPath::ProcessCopy
+            }
             Link::Remote(_) if local_mem == MemType::Device && !self.remote_has_cuda() => {
                 return Err(Error::unsupported(
                     err(OpKind::Transfer, &peer.name).with_backend("ucx"),

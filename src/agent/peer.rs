@@ -15,6 +15,9 @@ pub(crate) struct Peer {
     /// The peer's device registrations mapped through CUDA IPC (a peer process on this
     /// host), by their index in its metadata; empty otherwise.
     pub(crate) ipc: Vec<Option<IpcMap>>,
+    /// A peer process on this host whose host memory this process may copy with
+    /// `process_vm_readv`/`writev` (probed once, at `add_peer`).
+    pub(crate) cross_memory: bool,
 }
 
 /// A peer's device registration mapped into this process.

@@ -47,6 +47,9 @@ pub enum XferPath {
     CudaCopy,
     /// Device memory of a peer process on the same host: CUDA IPC, then the driver's copies.
     CudaIpc,
+    /// Host memory of a peer process on the same host: `process_vm_readv`/`writev` (cross
+    /// memory attach) on copy threads.
+    ProcessCopy,
     /// A peer in another process or on another host: UCX.
     Ucx,
 }
@@ -57,17 +60,20 @@ impl std::fmt::Display for XferPath {
             XferPath::HostCopy => "memcpy (in process)",
             XferPath::CudaCopy => "CUDA copy (in process)",
             XferPath::CudaIpc => "CUDA IPC (same host)",
+            XferPath::ProcessCopy => "cross-memory attach (same host)",
             XferPath::Ucx => "UCX",
         })
     }
 }
 
 impl XferPath {
-    pub(crate) fn backend(self) -> &'static str {
+    /// The short name errors give as the backend (`via memcpy`, `via cuda-ipc`).
+    pub fn backend(self) -> &'static str {
         match self {
             XferPath::HostCopy => "memcpy",
             XferPath::CudaCopy => "cuda",
             XferPath::CudaIpc => "cuda-ipc",
+            XferPath::ProcessCopy => "process_vm",
             XferPath::Ucx => "ucx",
         }
     }
@@ -199,6 +205,16 @@ impl XferRequest {
         };
         match (&self.peer.link, self.path) {
             (_, XferPath::CudaIpc) => self.run_ipc(done),
+            (_, XferPath::ProcessCopy) => {
+                let how = super::hostcopy::Mover::Process {
+                    pid: self.peer.meta.pid as i32,
+                    read: self.op == XferOp::Read,
+                };
+                let done = Box::new(move |r| done.finish(r));
+                // SAFETY: the local ranges lie in registrations `done` pins until the copy
+                // threads have finished; the remote ones the kernel checks.
+                unsafe { super::hostcopy::copy(self.segs(), how, done) };
+            }
             (Link::Local { .. }, _) => self.run_local(done),
             (Link::Remote(remote), _) => remote.post(self, done),
         }
@@ -231,11 +247,11 @@ impl XferRequest {
         let segs = self.segs();
         match self.path {
             XferPath::HostCopy => {
-                let done = Box::new(move || done.finish(Ok(())));
+                let done = Box::new(move |r| done.finish(r));
                 // SAFETY: every range lies in a registration pinned by `done` (checked when
                 // the request was made, pinned above), and pinned registrations keep their
                 // memory until `done` runs, which `copy` calls after the last byte.
-                unsafe { super::hostcopy::copy(segs, done) };
+                unsafe { super::hostcopy::copy(segs, super::hostcopy::Mover::Local, done) };
             }
             XferPath::CudaCopy => {
                 let side = |d: &Desc, m: MemType| (m, d.dev);
@@ -243,7 +259,7 @@ impl XferRequest {
                 let remote = side(&self.remote[0].0, self.remote_mem);
                 self.run_cuda(segs, local, remote, done)
             }
-            XferPath::CudaIpc | XferPath::Ucx => {
+            XferPath::CudaIpc | XferPath::ProcessCopy | XferPath::Ucx => {
                 done.finish(Err("an in-process peer on an inter-process path".into()))
             }
         }

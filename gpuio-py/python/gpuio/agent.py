@@ -83,7 +83,7 @@ NIXL_INIT_AGENT = "NIXL_INIT_AGENT"
 nixl_backend_handle = int
 
 # The native paths in NIXL's backend vocabulary (upper case, as its plugin names).
-_PATH_NAMES = {"memcpy": "MEMCPY", "cuda": "CUDA", "cuda-ipc": "CUDA_IPC", "ucx": "UCX"}
+_PATH_NAMES = {"memcpy": "MEMCPY", "cuda": "CUDA", "cuda-ipc": "CUDA_IPC", "process_vm": "CMA", "ucx": "UCX"}
 
 # NIXL's storage memory types, which gpuio's agents do not move.
 _STORAGE_MEMS = {"FILE", "BLOCK", "BLK", "OBJ"}
