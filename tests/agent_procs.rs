@@ -356,7 +356,10 @@ fn device_memory_across_processes_on_one_host() {
     .unwrap()
     .wait()
     .unwrap();
+    // The peer echoes every notification: the WRITE's comes back first, then the ping.
     me.send_notification(&peer.name, b"ping").unwrap();
+    let n = me.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(n.msg, b"hello");
     let n = me.wait_notification(Duration::from_secs(10)).unwrap();
     assert_eq!(n.msg, b"ping");
     peer.stop();
