@@ -53,16 +53,7 @@ if [ -f examples/agents.rs ]; then
 fi
 # Prints "test-name<TAB>executable" for each compiled test target cargo reports.
 cargo test --release -p gpuio --test agent --test agent_procs --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
-        print("test-" + m["target"]["name"] + "\t" + m["executable"])
-' > "$TMP/tests.tsv"
+  | python3 scripts/cargo-executables.py > "$TMP/tests.tsv"
 while IFS=$'\t' read -r name exe; do cp "$exe" "$OUT/tests/$name"; done < "$TMP/tests.tsv"
 [ -x "$OUT/tests/test-agent" ] && [ -x "$OUT/tests/test-agent_procs" ] \
   || { echo "agent-bundle: the agent test binaries were not built" >&2; exit 1; }

@@ -19,16 +19,7 @@ mkdir -p "$OUT/tests" "$OUT/bin"
 cargo build --release --workspace --bins --examples
 # Prints "kind-name<TAB>executable" for each compiled test (or bench) target cargo reports.
 executables() { # cargo args...
-  cargo "$@" --message-format=json 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    try:
-        m = json.loads(line)
-    except ValueError:
-        continue
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
-        print(m["target"]["kind"][0] + "-" + m["target"]["name"] + "\t" + m["executable"])
-'
+  cargo "$@" --message-format=json 2>/dev/null | python3 scripts/cargo-executables.py
 }
 executables test --release --workspace --no-run | while IFS=$'\t' read -r name exe; do
   # gpuio-capi's test harnesses compile C and read the crate's source: the capi phase of

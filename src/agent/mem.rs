@@ -186,11 +186,6 @@ pub(crate) struct RegState {
     /// The transport's handle for this memory (UCX memory handle and packed key), where the
     /// agent has a transport for other processes; unmapped when the registration is released.
     remote_access: Mutex<Option<super::remote::RemoteAccess>>,
-    /// Host memory page-locked for the CUDA driver's copies, on the first copy that needs it
-    /// (pageable memory would be staged through the driver's own buffers at a fraction of the
-    /// bus's speed); unlocked at release.
-    #[cfg(feature = "cuda")]
-    page_locked: Mutex<(bool, Option<crate::cuda::pinned::PinnedRegion>)>,
 }
 
 impl RegState {
@@ -212,34 +207,6 @@ impl RegState {
             idle_waker: AtomicWaker::new(),
             ipc,
             remote_access: Mutex::new(remote_access),
-            #[cfg(feature = "cuda")]
-            page_locked: Mutex::new((false, None)),
-        }
-    }
-
-    /// Page-locks host memory for the driver's copies, once (memory the caller locked itself,
-    /// or that cannot be locked, is copied as it is).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn lock_pages(&self, ctx: &Arc<cudarc::driver::CudaContext>) {
-        if self.mem != MemType::Host {
-            return;
-        }
-        let mut g = self.page_locked.lock().unwrap_or_else(|e| e.into_inner());
-        if !g.0 {
-            g.0 = true;
-            // SAFETY: the registration's memory stays mapped until it is released, and
-            // `unmap` (at release, after every transfer) drops the region first.
-            let r = unsafe {
-                crate::cuda::pinned::PinnedRegion::register(
-                    ctx,
-                    self.desc.addr as *mut u8,
-                    self.desc.len as usize,
-                )
-            };
-            match r {
-                Ok(r) => g.1 = Some(r),
-                Err(e) => tracing::debug!("registration {} stays pageable: {e}", self.id),
-            }
         }
     }
 
@@ -249,21 +216,12 @@ impl RegState {
         g.as_ref().map(|a| a.rkey.clone())
     }
 
-    /// Unmaps the memory from the transport and unlocks its pages (at release, once no
-    /// transfer holds it).
+    /// Unmaps the memory from the transport (at release, once no transfer holds it).
     pub(crate) fn unmap(&self) {
         drop(
             self.remote_access
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .take(),
-        );
-        #[cfg(feature = "cuda")]
-        drop(
-            self.page_locked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .1
                 .take(),
         );
     }

@@ -326,26 +326,15 @@ impl XferRequest {
             Ok(q) => q,
             Err(e) => return done.finish(Err(e)),
         };
-        for p in &done.pins {
-            p.state().lock_pages(queue.context());
-        }
         for s in &segs {
             // SAFETY: both ranges lie in registrations (or a peer's IPC mappings) that `done`
             // holds until the queue reports these copies complete.
             if let Err(e) = unsafe { queue.copy(s.dst, s.src, s.len as usize) } {
                 // Copies already queued still run: finish only behind them.
-                let why = e.clone();
-                if let Err(e2) = queue.then(Box::new(move |_| done.finish(Err(why)))) {
-                    // No waiter either: nothing can tell when the queued copies end, so the
-                    // pins (and the memory) are kept for good rather than released early.
-                    tracing::error!("agent copy queue failed ({e}; {e2}): keeping its memory");
-                }
-                return;
+                return queue.then(Box::new(move |_| done.finish(Err(e))));
             }
         }
-        if let Err(e) = queue.then(Box::new(move |r| done.finish(r))) {
-            tracing::error!("agent copy queue failed ({e}): keeping its memory");
-        }
+        queue.then(Box::new(move |r| done.finish(r)));
     }
 
     #[cfg(not(feature = "cuda"))]

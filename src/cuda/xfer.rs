@@ -81,23 +81,30 @@ impl CopyQueue {
         }
     }
 
-    /// Calls `done` once every copy queued so far has completed, from the waiter thread.
-    pub(crate) fn then(&self, done: CopyDone) -> Result<(), String> {
+    /// Calls `done` once every copy queued so far has completed: from the waiter thread,
+    /// behind an event; or, where no event can be recorded or the waiter is gone, here, after
+    /// synchronising the stream. Either way `done` runs only once the copies have ended (an
+    /// error from the driver's wait means the context failed and runs no more work).
+    pub(crate) fn then(&self, done: CopyDone) {
         // Blocking sync: the waiter sleeps in the driver instead of spinning on a core. (Timing
         // stays on: cudarc's flags are an enum, which cannot hold two flags ORed.)
         let flags = CUevent_flags::CU_EVENT_BLOCKING_SYNC;
-        let event = self
+        let recorded = self
             .ctx
             .new_event(Some(flags))
-            .map_err(|e| format!("cuEventCreate: {e:?}"))?;
-        event
-            .record(&self.stream)
-            .map_err(|e| format!("cuEventRecord: {e:?}"))?;
-        let Some(tx) = &self.waiter else {
-            return Err("the copy queue has closed".into());
+            .and_then(|event| event.record(&self.stream).map(|()| event));
+        let done = match (recorded, &self.waiter) {
+            (Ok(event), Some(tx)) => match tx.send((event, done)) {
+                Ok(()) => return,
+                Err(mpsc::SendError((_, done))) => done,
+            },
+            (_, _) => done,
         };
-        tx.send((event, done))
-            .map_err(|_| "the copy waiter has exited".to_string())
+        let r = self
+            .stream
+            .synchronize()
+            .map_err(|e| format!("copy between registrations: {e:?}"));
+        done(r);
     }
 }
 

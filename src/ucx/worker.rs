@@ -68,6 +68,19 @@ struct Orphan {
     _keep: Option<Box<dyn Any>>,
 }
 
+/// The handler parameters that clear the handler for `id` (a NULL callback).
+fn clearing(id: u16) -> sys::RawAmHandlerParam {
+    sys::RawAmHandlerParam {
+        field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
+            | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
+        id: id.into(),
+        flags: 0,
+        cb: None,
+        arg: std::ptr::null_mut(),
+    }
+}
+
 /// An active-message handler: called with the message's header and data.
 pub(crate) type AmHandler = Box<dyn FnMut(&[u8], &[u8])>;
 
@@ -157,15 +170,7 @@ impl Drop for WorkerShared {
             unsafe { self.lib.request_free(o.raw) };
         }
         for (&id, _) in self.handlers.get_mut().iter() {
-            let param = sys::RawAmHandlerParam {
-                field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                    | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
-                id: id.into(),
-                flags: 0,
-                cb: None,
-                arg: std::ptr::null_mut(),
-            };
+            let param = clearing(id);
             // SAFETY: the worker is live; a NULL callback clears the handler.
             if let Err(e) = unsafe { self.lib.set_am_recv_handler(self.raw, &param) } {
                 tracing::debug!(%e, id, "clearing a UCX active-message handler");
@@ -288,15 +293,7 @@ impl Worker {
 
     /// Clears the handler for `id` (messages for it are then dropped by UCX).
     pub(crate) fn clear_am_handler(&self, id: u16) -> Result<(), UcsError> {
-        let param = sys::RawAmHandlerParam {
-            field_mask: sys::UCP_AM_HANDLER_PARAM_FIELD_ID
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_CB
-                | sys::UCP_AM_HANDLER_PARAM_FIELD_ARG,
-            id: id.into(),
-            flags: 0,
-            cb: None,
-            arg: std::ptr::null_mut(),
-        };
+        let param = clearing(id);
         // SAFETY: the worker is live; a NULL callback clears the handler.
         unsafe { self.shared.lib.set_am_recv_handler(self.shared.raw, &param) }?;
         let old = self.shared.handlers.borrow_mut().remove(&id);
