@@ -4,11 +4,23 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context as TaskCx, Poll};
 use std::time::{Duration, Instant};
 
 use futures::task::AtomicWaker;
+
+/// How long [`NotifQueue::wait_next`] watches the queue before it parks.
+const WAIT_SPIN: Duration = Duration::from_micros(50);
+
+/// Whether waiting threads may spin: only with at least 8 cores, where a spinning waiter does
+/// not take the core the progress or copy threads need (on 2 cores spinning made the
+/// cross-process notification slower, not faster).
+fn spin_allowed() -> bool {
+    static ALLOWED: OnceLock<bool> = OnceLock::new();
+    *ALLOWED.get_or_init(|| std::thread::available_parallelism().is_ok_and(|n| n.get() >= 8))
+}
 
 /// A message from a peer agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +35,8 @@ pub struct Notification {
 #[derive(Default)]
 pub(crate) struct NotifQueue {
     q: Mutex<VecDeque<Notification>>,
+    /// `q`'s length, changed under its lock, read without it by spinning waiters.
+    queued: AtomicUsize,
     cv: Condvar,
     waker: AtomicWaker,
 }
@@ -33,25 +47,39 @@ impl NotifQueue {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push_back(n);
+        self.queued.fetch_add(1, Ordering::Release);
         self.cv.notify_all();
         self.waker.wake();
     }
 
     pub(crate) fn take_all(&self) -> Vec<Notification> {
-        self.q
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect()
+        let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
+        self.queued.store(0, Ordering::Relaxed);
+        q.drain(..).collect()
+    }
+
+    fn pop(&self, q: &mut VecDeque<Notification>) -> Option<Notification> {
+        let n = q.pop_front()?;
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+        Some(n)
     }
 
     /// The next notification, waiting up to `timeout` for one.
     pub(crate) fn wait_next(&self, timeout: Duration) -> Option<Notification> {
         // A timeout past what the clock can add (`Duration::MAX`) waits for good.
-        let deadline = Instant::now().checked_add(timeout);
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout);
+        // Waking a parked thread costs a few microseconds, a notification's whole budget: where
+        // cores are plenty, watch the queue for a moment first.
+        if spin_allowed() {
+            let until = start + timeout.min(WAIT_SPIN);
+            while self.queued.load(Ordering::Acquire) == 0 && Instant::now() < until {
+                std::hint::spin_loop();
+            }
+        }
         let mut q = self.q.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            if let Some(n) = q.pop_front() {
+            if let Some(n) = self.pop(&mut q) {
                 return Some(n);
             }
             let now = Instant::now();
@@ -69,11 +97,11 @@ impl NotifQueue {
     }
 
     fn poll_next(&self, cx: &mut TaskCx<'_>) -> Poll<Notification> {
-        if let Some(n) = self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
+        if let Some(n) = self.pop(&mut self.q.lock().unwrap_or_else(|e| e.into_inner())) {
             return Poll::Ready(n);
         }
         self.waker.register(cx.waker());
-        match self.q.lock().unwrap_or_else(|e| e.into_inner()).pop_front() {
+        match self.pop(&mut self.q.lock().unwrap_or_else(|e| e.into_inner())) {
             Some(n) => Poll::Ready(n),
             None => Poll::Pending,
         }

@@ -326,7 +326,7 @@ impl XferRequest {
             Ok(q) => q,
             Err(e) => return done.finish(Err(e)),
         };
-        for s in &segs {
+        for s in &merge_adjacent(segs) {
             // SAFETY: both ranges lie in registrations (or a peer's IPC mappings) that `done`
             // holds until the queue reports these copies complete.
             if let Err(e) = unsafe { queue.copy(s.dst, s.src, s.len as usize) } {
@@ -343,6 +343,29 @@ impl XferRequest {
             "device memory needs gpuio built with its cuda feature".into()
         ))
     }
+}
+
+/// `segs` with each run of pieces that continue one another on both sides (the next piece's
+/// source and destination start where this one's end) joined into one piece: the same bytes
+/// move, in fewer copies. Descriptor lists carved out of one buffer on each side (KV-cache
+/// pages, nixlbench's layout) become a single copy; on the device paths each copy costs the
+/// driver a few microseconds and the link a ramp (64 copies of 16 MiB took 3.3 ms GPU to GPU
+/// where one 1 GiB copy took 2.7).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn merge_adjacent(segs: Vec<Seg>) -> Vec<Seg> {
+    let mut out: Vec<Seg> = Vec::with_capacity(segs.len());
+    for s in segs {
+        match out.last_mut() {
+            Some(p)
+                if p.dst.checked_add(p.len) == Some(s.dst)
+                    && p.src.checked_add(p.len) == Some(s.src) =>
+            {
+                p.len += s.len
+            }
+            _ => out.push(s),
+        }
+    }
+    out
 }
 
 /// What finishing a transfer does, once its last byte has landed or it has failed: release
@@ -559,5 +582,46 @@ impl std::fmt::Debug for PreparedList {
             .field("peer", &self.peer.as_ref().map(|p| p.name.as_str()))
             .field("len", &self.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Seg, merge_adjacent};
+
+    fn seg(dst: u64, src: u64, len: u64) -> Seg {
+        Seg { dst, src, len }
+    }
+
+    fn triples(v: &[Seg]) -> Vec<(u64, u64, u64)> {
+        v.iter().map(|s| (s.dst, s.src, s.len)).collect()
+    }
+
+    #[test]
+    fn merges_only_pieces_adjacent_on_both_sides() {
+        let segs = vec![
+            seg(0x1000, 0x9000, 0x100),
+            seg(0x1100, 0x9100, 0x100), // continues both sides: joined
+            seg(0x1200, 0x9300, 0x100), // source skips: new piece
+            seg(0x1300, 0x9400, 0x100), // continues: joined
+            seg(0x2000, 0x9500, 0x100), // destination skips: new piece
+            seg(0x1F00, 0x9600, 0x100), // destination goes back: new piece
+        ];
+        let merged = merge_adjacent(segs);
+        assert_eq!(
+            triples(&merged),
+            vec![
+                (0x1000, 0x9000, 0x200),
+                (0x1200, 0x9300, 0x200),
+                (0x2000, 0x9500, 0x100),
+                (0x1F00, 0x9600, 0x100),
+            ]
+        );
+        let total: u64 = merged.iter().map(|s| s.len).sum();
+        assert_eq!(total, 0x600);
+        assert!(merge_adjacent(Vec::new()).is_empty());
+        // An end at the top of the address space does not wrap into address 0.
+        let top = vec![seg(u64::MAX - 0xFF, 0, 0x100), seg(0, 0x100, 0x10)];
+        assert_eq!(merge_adjacent(top).len(), 2);
     }
 }

@@ -397,6 +397,7 @@ symbols! {
     ucp_get_version_string: fn() -> *const c_char;
     ucp_config_read: fn(*const c_char, *const c_char, *mut RawConfig) -> Status;
     ucp_config_release: fn(RawConfig);
+    ucp_config_modify: fn(RawConfig, *const c_char, *const c_char) -> Status;
     ucp_init_version: fn(c_uint, c_uint, *const RawParams, RawConfig, *mut RawContext) -> Status;
     ucp_cleanup: fn(RawContext);
     ucp_context_query: fn(RawContext, *mut RawContextAttr) -> Status;
