@@ -253,12 +253,17 @@ PY
 while read -r l; do note "$l"; done < <(grep -E '^(ceiling|SKIPPED)' "$OUT/ceiling.txt")
 
 # ---- 3. gpuio xfer and NIXL, the same cases, alternating
-# label|arguments (initiator and target; READ pulls from the target, WRITE pushes to it)
+# label|arguments|gpuio-only arguments|environment for both|process counts (default $PROCS)
+# (initiator and target; READ pulls from the target, WRITE pushes to it)
 CASE_LIST="DRAM<-DRAM 64x16M|--initiator dram --target dram --size 16M --descs 64"
 [ "$NGPU" -ge 1 ] && CASE_LIST+=$'\n'"VRAM:0<-VRAM:0 64x16M|--initiator vram:0 --target vram:0 --size 16M --descs 64"
 [ "$NGPU" -ge 2 ] && CASE_LIST+=$'\n'"VRAM:0<-VRAM:1 64x16M|--initiator vram:0 --target vram:1 --size 16M --descs 64"
 [ "$NGPU" -ge 1 ] && CASE_LIST+=$'\n'"VRAM:0<-DRAM 64x16M|--initiator vram:0 --target dram --size 16M --descs 64"
 CASE_LIST+=$'\n'"DRAM<-DRAM 65536x4K|--initiator dram --target dram --size 4K --descs 65536"
+# Host memory between two processes over UCX (gpuio's own same-host path off), as UCX picks
+# its transports and over TCP alone (UCX_TLS=tcp for both libraries).
+CASE_LIST+=$'\n'"DRAM<-DRAM 64x16M UCX|--initiator dram --target dram --size 16M --descs 64|--no-ipc||2"
+CASE_LIST+=$'\n'"DRAM<-DRAM 64x16M UCX tcp|--initiator dram --target dram --size 16M --descs 64|--no-ipc|UCX_TLS=tcp|2"
 CASE_LIST+=$'\n'"notif|--notif"
 [ "$NGPU" -ge 1 ] || note "SKIPPED: VRAM cases: no GPU here"
 INDEX=$OUT/runs.tsv
@@ -271,19 +276,20 @@ one() { # impl, case, procs, op, round, command...
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$impl" "$case" "$procs" "$op" "$r" "$rc" "$log" >> "$INDEX"
   echo "  $impl $case procs=$procs $op #$r: rc=$rc $(grep -vE '^\{' "$log" | tail -1 | cut -c1-160)"
 }
-while IFS='|' read -r label cargs; do
+while IFS='|' read -r label cargs gargs cenv cprocs; do
   [ -n "$label" ] || continue
   [[ "$label" =~ ${CASES:-.} ]] || continue
-  for procs in ${PROCS:-1 2}; do
+  for procs in ${cprocs:-${PROCS:-1 2}}; do
+    [[ " ${PROCS:-1 2} " == *" $procs "* ]] || continue
     for op in read write; do
       [ "$label" = notif ] && [ $op = write ] && continue
       opargs=(--op $op); [ "$label" = notif ] && opargs=()
       for r in $(seq 1 "$ROUNDS"); do
         # shellcheck disable=SC2086
-        one gpuio "$label" $procs $op "$r" "$D/bin/gpuio" xfer $cargs "${opargs[@]}" --procs $procs --iters "$ITERS" --json
+        one gpuio "$label" $procs $op "$r" env $cenv "$D/bin/gpuio" xfer $cargs $gargs "${opargs[@]}" --procs $procs --iters "$ITERS" --json
         if [ -n "$NPY" ]; then
           # shellcheck disable=SC2086
-          one nixl "$label" $procs $op "$r" env PYTHONPATH="$D/nixl/site" "$NPY" "$D/nixl_xfer.py" $cargs "${opargs[@]}" --procs $procs --iters "$ITERS" --json
+          one nixl "$label" $procs $op "$r" env $cenv PYTHONPATH="$D/nixl/site" "$NPY" "$D/nixl_xfer.py" $cargs "${opargs[@]}" --procs $procs --iters "$ITERS" --json
         fi
       done
     done

@@ -87,6 +87,7 @@ pub use op::cached::CACHED_READ_MAX;
 #[doc(hidden)]
 pub use op::device::small_reads_released_early;
 pub use op::occupancy::Occupancy;
+pub use op::progress::Progress;
 pub use op::read::ReadInto;
 #[cfg(feature = "cuda")]
 pub use op::sync::StreamSync;

@@ -394,3 +394,66 @@ fn a_dropped_save_leaves_nothing_behind() {
         }
     });
 }
+
+/// Progress: a save and the loads of what it wrote count every tensor byte once, no more,
+/// whether the bytes go through O_DIRECT pieces, buffered pieces or the page-cache fast path.
+#[test]
+fn saves_and_loads_report_their_progress() {
+    use gpuio::Progress;
+    use gpuio::safetensors::{SafetensorsModel, Shard, save_sharded_with_progress};
+    let dir = tmpdir();
+    let engine = Engine::new().unwrap();
+    // 70 MiB in three shards (one large enough for O_DIRECT), odd lengths, and a tiny tensor
+    // that the page-cache fast path serves.
+    let t: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = [
+        (0usize, (64 << 20) + 5),
+        (1, (3 << 20) + 1),
+        (2, 3 << 20),
+        (3, 100),
+    ]
+    .into_iter()
+    .map(|(i, len)| {
+        (
+            format!("t{i}"),
+            Dtype::U8,
+            vec![len],
+            pattern(len, i as u64),
+        )
+    })
+    .collect();
+    let bytes: u64 = t.iter().map(|x| x.3.len() as u64).sum();
+    rt().block_on(async {
+        let saved = Progress::new();
+        save_sharded_with_progress(&engine, &to_save(&t), dir.path(), 4 << 20, None, &saved)
+            .await
+            .unwrap();
+        assert_eq!((saved.done(), saved.total()), (bytes, bytes));
+
+        let mut model = SafetensorsModel::open(&engine, dir.path()).await.unwrap();
+        assert!(model.shards().len() >= 3);
+        let loaded = Progress::new();
+        model.set_progress(Some(loaded.clone()));
+        let ck = model.load_host(|_| true).await.unwrap();
+        assert_eq!((loaded.done(), loaded.total()), (bytes, bytes));
+        for (n, _, _, b) in &t {
+            assert_eq!(ck.bytes(n).unwrap(), &b[..], "{n}");
+        }
+        // A second load into the same count: both totals add up.
+        let _again = model.load_host(|n| n == "t1").await.unwrap();
+        let t1 = t[1].3.len() as u64;
+        assert_eq!((loaded.done(), loaded.total()), (bytes + t1, bytes + t1));
+
+        // Tensor-parallel: two ranks of a 1-D split each read half; the count is the bytes
+        // read, once per rank.
+        let ranks = Progress::new();
+        model.set_progress(Some(ranks.clone()));
+        let even = |n: &str| n == "t2";
+        let _parts = model
+            .load_shards_host(2, |ft| even(&ft.name).then_some(Shard::Split(0)))
+            .await
+            .unwrap();
+        let t2 = t[2].3.len() as u64;
+        assert_eq!((ranks.done(), ranks.total()), (t2, t2));
+    });
+    no_temp_files(dir.path());
+}

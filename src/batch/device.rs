@@ -66,6 +66,7 @@ impl ReadDst for DeviceRange {
 pub(crate) async fn read_batch_device(
     runs: &[&Run],
     dst: &mut dyn DeviceDst,
+    progress: Option<&Arc<crate::Progress>>,
 ) -> Vec<Result<usize>> {
     let own = dst.own_stream().clone();
     // Orders the copies after earlier uses of `dst` (cudarc makes `own` wait on its events).
@@ -88,7 +89,7 @@ pub(crate) async fn read_batch_device(
     let mut reads = std::pin::pin!(futures::future::join_all(
         runs.iter()
             .zip(ranges.iter_mut())
-            .map(|(r, range)| r.read(range).combined(&combiner))
+            .map(|(r, range)| r.read(range, progress).combined(&combiner))
     ));
     std::future::poll_fn(|cx| {
         let polled = reads.as_mut().poll(cx);

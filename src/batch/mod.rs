@@ -46,7 +46,9 @@ pub use catalog::{Catalog, Extent, RecordKind};
 pub use spread::SpreadPlan;
 
 use std::future::Future;
+use std::sync::Arc;
 
+use crate::Progress;
 use crate::buf::{ReadDst, ReadTarget};
 use crate::error::{Error, OpKind, Result};
 use crate::file::File;
@@ -226,6 +228,26 @@ impl BatchPlan {
         &'a self,
         dst: &'a mut D,
     ) -> impl Future<Output = BatchResult> + Send + 'a {
+        self.read_into_tracked(dst, None)
+    }
+
+    /// [`read_into`](Self::read_into), reporting to `progress`: the bytes of every read that
+    /// can run are added to its total when the batch starts, and to its count as they land.
+    #[allow(clippy::manual_async_fn)]
+    pub fn read_into_with_progress<'a, D: ReadDst + ?Sized>(
+        &'a self,
+        dst: &'a mut D,
+        progress: &'a Arc<Progress>,
+    ) -> impl Future<Output = BatchResult> + Send + 'a {
+        self.read_into_tracked(dst, Some(progress))
+    }
+
+    #[allow(clippy::manual_async_fn)]
+    fn read_into_tracked<'a, D: ReadDst + ?Sized>(
+        &'a self,
+        dst: &'a mut D,
+        progress: Option<&'a Arc<Progress>>,
+    ) -> impl Future<Output = BatchResult> + Send + 'a {
         async move {
             let mut results: Vec<Option<Result<usize>>> = self
                 .rejected
@@ -258,10 +280,13 @@ impl BatchPlan {
                     results[m] = Some(Err(self.invalid(m, why)));
                 }
             }
+            if let Some(p) = progress {
+                p.add_total(fit.iter().map(|r| r.len as u64).sum());
+            }
             let outcomes = match dst.target() {
-                ReadTarget::Host(buf) => read_host(&fit, buf).await,
+                ReadTarget::Host(buf) => read_host(&fit, buf, progress).await,
                 #[cfg(feature = "cuda")]
-                ReadTarget::Device(d) => device::read_batch_device(&fit, d).await,
+                ReadTarget::Device(d) => device::read_batch_device(&fit, d, progress).await,
             };
             for (run, outcome) in fit.iter().zip(outcomes) {
                 distribute(run, outcome, &self.descs, &mut results);
@@ -288,12 +313,17 @@ impl BatchPlan {
 }
 
 impl Run {
-    /// The run's read into `dst` (exactly `self.len` bytes long).
+    /// The run's read into `dst` (exactly `self.len` bytes long), reporting to `progress`.
     pub(crate) fn read<'a, D: ReadDst + ?Sized>(
         &'a self,
         dst: &'a mut D,
+        progress: Option<&Arc<Progress>>,
     ) -> crate::op::read::ReadInto<'a> {
-        self.file.read_into(dst, self.offset)
+        let read = self.file.read_into(dst, self.offset);
+        match progress {
+            Some(p) => read.with_progress(p),
+            None => read,
+        }
     }
 
     /// The error for this run when its device copies could not be queued.
@@ -319,7 +349,11 @@ impl Run {
 }
 
 /// Host destination: disjoint sub-slices, read within the engine's window.
-async fn read_host(runs: &[&Run], buf: &mut [u8]) -> Vec<Result<usize>> {
+async fn read_host(
+    runs: &[&Run],
+    buf: &mut [u8],
+    progress: Option<&Arc<Progress>>,
+) -> Vec<Result<usize>> {
     let mut pieces = Vec::with_capacity(runs.len());
     let mut rest = buf;
     let mut at = 0;
@@ -331,7 +365,7 @@ async fn read_host(runs: &[&Run], buf: &mut [u8]) -> Vec<Result<usize>> {
         at = r.dst_offset + r.len;
         pieces.push(piece);
     }
-    read_bounded(runs, pieces).await
+    read_bounded(runs, pieces, progress).await
 }
 
 /// Reads `runs[i]` into `pieces[i]`, as many at once as fit in the first run's engine's
@@ -340,6 +374,7 @@ async fn read_host(runs: &[&Run], buf: &mut [u8]) -> Vec<Result<usize>> {
 pub(crate) async fn read_bounded<P: ReadDst + ?Sized>(
     runs: &[&Run],
     pieces: Vec<&mut P>,
+    progress: Option<&Arc<Progress>>,
 ) -> Vec<Result<usize>> {
     use futures::StreamExt;
     let window = runs.first().map_or(0, |r| r.file.engine().op_window());
@@ -356,7 +391,7 @@ pub(crate) async fn read_bounded<P: ReadDst + ?Sized>(
                 break;
             };
             in_flight += r.len;
-            pending.push(async move { (i, r.len, r.read(piece).await) });
+            pending.push(async move { (i, r.len, r.read(piece, progress).await) });
         }
         match pending.next().await {
             Some((i, len, res)) => {

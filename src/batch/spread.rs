@@ -124,10 +124,25 @@ impl SpreadPlan {
         &'a self,
         dsts: &'a mut [D],
     ) -> impl std::future::Future<Output = BatchResult> + Send + 'a {
-        async move { self.run(dsts).await }
+        async move { self.run(dsts, None).await }
     }
 
-    async fn run<D: ReadDst + Send>(&self, dsts: &mut [D]) -> BatchResult {
+    /// [`read_into`](Self::read_into), reporting to `progress` as
+    /// [`BatchPlan::read_into_with_progress`] does.
+    #[allow(clippy::manual_async_fn)]
+    pub fn read_into_with_progress<'a, D: ReadDst + Send>(
+        &'a self,
+        dsts: &'a mut [D],
+        progress: &'a std::sync::Arc<crate::Progress>,
+    ) -> impl std::future::Future<Output = BatchResult> + Send + 'a {
+        async move { self.run(dsts, Some(progress)).await }
+    }
+
+    async fn run<D: ReadDst + Send>(
+        &self,
+        dsts: &mut [D],
+        progress: Option<&std::sync::Arc<crate::Progress>>,
+    ) -> BatchResult {
         // Every place is filled below: each descriptor is in one part or rejected.
         let mut results: Vec<Result<usize>> = (0..self.count).map(|_| Ok(0)).collect();
         for (i, to, d) in &self.rejected {
@@ -159,7 +174,10 @@ impl SpreadPlan {
             .parts
             .iter()
             .zip(dsts.iter_mut())
-            .map(|(part, dst)| part.read_into(dst));
+            .map(|(part, dst)| match progress {
+                Some(p) => futures::future::Either::Left(part.read_into_with_progress(dst, p)),
+                None => futures::future::Either::Right(part.read_into(dst)),
+            });
         for (done, part) in futures::future::join_all(runs)
             .await
             .into_iter()

@@ -8,6 +8,7 @@ use std::task::{Context as TaskContext, Poll};
 
 use super::engine_shared::EngineShared;
 use super::msg::{Msg, SubmitMsg};
+use super::progress::{OpProgress, Progress};
 use super::request::OpRequest;
 use super::{OpShared, ReadyPieces};
 use crate::buf::arena::BounceArena;
@@ -77,7 +78,7 @@ pub(crate) struct NoTransfer;
 
 impl Transfer for NoTransfer {}
 
-enum Progress {
+enum OpState {
     /// Not yet sent to the reactor (futures are lazy).
     Unsent(Msg),
     /// Sent; waiting for pieces and the result.
@@ -94,12 +95,26 @@ const MAX_ROUNDS_PER_POLL: usize = 8;
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
     engine: Arc<EngineShared>,
-    progress: Progress,
+    state: OpState,
     transfer: T,
     op: OpKind,
+    /// Where the op reports the bytes it moves (`track`).
+    progress: Option<OpProgress>,
 }
 
 impl<T: Transfer> OpFuture<T> {
+    /// Reports the bytes this op moves, at most `len` (its range), to `progress`.
+    pub(crate) fn track(&mut self, progress: &Arc<Progress>, len: u64) {
+        self.progress = Some(OpProgress::new(progress, len));
+    }
+
+    /// Counts bytes the caller moved without the reactor (the page-cache fast path).
+    pub(crate) fn count(&mut self, n: u64) {
+        if let Some(p) = &mut self.progress {
+            p.add(n);
+        }
+    }
+
     /// The transfer, to adjust before the first poll or to read back after the result.
     pub(crate) fn transfer_mut(&mut self) -> &mut T {
         &mut self.transfer
@@ -112,14 +127,14 @@ impl<T: Transfer> OpFuture<T> {
 
     /// Whether the op has not gone to the reactor yet (and is not finished already).
     pub(crate) fn is_unsent(&self) -> bool {
-        matches!(self.progress, Progress::Unsent(_))
+        matches!(self.state, OpState::Unsent(_))
     }
 
     /// Ends an op that was served without the reactor: it is never sent, and a later poll
     /// reports the misuse instead of starting it.
     pub(crate) fn finish_unsent(&mut self) {
         debug_assert!(self.is_unsent());
-        self.progress = Progress::Done;
+        self.state = OpState::Done;
     }
 
     /// A future for `req`, sent on first poll.
@@ -141,9 +156,10 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            progress: Progress::Unsent(msg),
+            state: OpState::Unsent(msg),
             transfer,
             op,
+            progress: None,
         }
     }
 
@@ -158,9 +174,10 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            progress: Progress::Running(shared),
+            state: OpState::Running(shared),
             transfer,
             op,
+            progress: None,
         }
     }
 
@@ -173,9 +190,10 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
-            progress: Progress::Ready(r),
+            state: OpState::Ready(r),
             transfer,
             op,
+            progress: None,
         }
     }
 }
@@ -185,9 +203,8 @@ impl<T: Transfer> Future for OpFuture<T> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<u64>> {
         let this = &mut *self;
-        if let Progress::Unsent(_) = this.progress {
-            let Progress::Unsent(mut msg) = std::mem::replace(&mut this.progress, Progress::Done)
-            else {
+        if let OpState::Unsent(_) = this.state {
+            let OpState::Unsent(mut msg) = std::mem::replace(&mut this.state, OpState::Done) else {
                 unreachable!()
             };
             let shared = OpShared::new();
@@ -202,24 +219,26 @@ impl<T: Transfer> Future for OpFuture<T> {
             // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes
             // its op with `Error::Shutdown`, so the loop below returns instead of hanging.
             this.engine.reactor.send(msg);
-            this.progress = Progress::Running(shared);
+            this.state = OpState::Running(shared);
         }
-        let shared = match &this.progress {
-            Progress::Running(s) => s.clone(),
-            Progress::Ready(_) => {
-                let Progress::Ready(r) = std::mem::replace(&mut this.progress, Progress::Done)
-                else {
+        let shared = match &this.state {
+            OpState::Running(s) => s.clone(),
+            OpState::Ready(_) => {
+                let OpState::Ready(r) = std::mem::replace(&mut this.state, OpState::Done) else {
                     unreachable!()
                 };
+                if let (Some(p), Ok(moved)) = (&mut this.progress, &r) {
+                    p.finish(*moved);
+                }
                 return Poll::Ready(r);
             }
-            Progress::Done => {
+            OpState::Done => {
                 return Poll::Ready(Err(Error::invalid(
                     Context::op(this.op),
                     "future polled after it completed",
                 )));
             }
-            Progress::Unsent(_) => unreachable!(),
+            OpState::Unsent(_) => unreachable!(),
         };
         // A busy op could keep one poll copying for as long as the reactor feeds it; yield to
         // the executor after a few rounds so other tasks on this thread get their turn.
@@ -238,19 +257,25 @@ impl<T: Transfer> Future for OpFuture<T> {
                 (pieces, result)
             };
             if !pieces.is_empty() {
+                if let Some(p) = &mut this.progress {
+                    p.add(pieces.iter().map(|p| p.valid as u64).sum());
+                }
                 if let Some(msg) = this.transfer.transfer(pieces, &this.engine.arena, &shared) {
                     this.engine.reactor.send(msg);
                 }
                 if let Some(e) = this.transfer.take_error() {
                     // Stop the op; whatever it still holds comes back through the reactor.
                     this.engine.reactor.send(Msg::Cancel(shared.clone()));
-                    this.progress = Progress::Done;
+                    this.state = OpState::Done;
                     return Poll::Ready(Err(e));
                 }
             }
             if let Some(r) = result {
+                if let (Some(p), Ok(moved)) = (&mut this.progress, &r) {
+                    p.finish(*moved);
+                }
                 this.transfer.finish(&shared);
-                this.progress = Progress::Done;
+                this.state = OpState::Done;
                 return Poll::Ready(r);
             }
         }
@@ -261,7 +286,7 @@ impl<T: Transfer> Future for OpFuture<T> {
 
 impl<T: Transfer> Drop for OpFuture<T> {
     fn drop(&mut self) {
-        if let Progress::Running(shared) = &self.progress {
+        if let OpState::Running(shared) = &self.state {
             // Dropped mid-flight: the reactor stops starting pieces and reclaims slots. In-flight
             // I/O only ever targets bounce slots, so nothing waits for it here.
             self.engine.reactor.send(Msg::Cancel(shared.clone()));

@@ -14,6 +14,7 @@ pub(crate) mod future;
 pub(crate) mod gate;
 pub(crate) mod msg;
 pub(crate) mod occupancy;
+pub(crate) mod progress;
 pub(crate) mod read;
 pub(crate) mod request;
 #[cfg(feature = "cuda")]

@@ -92,6 +92,20 @@ impl ReadInto<'_> {
 }
 
 impl ReadInto<'_> {
+    /// Reports the bytes this read moves to `progress` (its `done`; the caller plans its
+    /// `total`). Call before the first poll.
+    pub fn with_progress(mut self, progress: &Arc<crate::Progress>) -> Self {
+        let len = match self.inner.transfer_mut() {
+            Either::Host(h) => h.dst.len(),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => d.dst.byte_len(),
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => 0,
+        };
+        self.inner.track(progress, len as u64);
+        self
+    }
+
     /// Hands the device copies to `combiner` (a batch's), which queues them with the batch's
     /// other reads'. No effect for host destinations. Call before the first poll.
     #[cfg(feature = "cuda")]
@@ -128,7 +142,8 @@ impl Future for ReadInto<'_> {
                     Either::Device(_) => None,
                 };
                 if let Some(result) = served {
-                    if result.is_ok() {
+                    if let Ok(n) = &result {
+                        this.inner.count(*n as u64);
                         this.inner
                             .engine()
                             .stats

@@ -64,6 +64,22 @@ impl WriteFrom<'_> {
     }
 }
 
+impl WriteFrom<'_> {
+    /// Reports the bytes this write moves to `progress` (its `done`; the caller plans its
+    /// `total`). Call before the first poll.
+    pub fn with_progress(mut self, progress: &Arc<crate::Progress>) -> Self {
+        let len = match self.inner.transfer_mut() {
+            Either::Host(h) => h.src.len(),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => d.src.byte_len(),
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => 0,
+        };
+        self.inner.track(progress, len as u64);
+        self
+    }
+}
+
 impl Future for WriteFrom<'_> {
     type Output = Result<usize>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {

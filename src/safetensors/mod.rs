@@ -42,7 +42,10 @@ use std::sync::Arc;
 
 pub use model::{INDEX_FILE, SafetensorsModel};
 pub use safetensors::Dtype;
-pub use save::{SaveTensor, dtype_from_name, save_file, save_sharded};
+pub use save::{
+    SaveTensor, dtype_from_name, save_file, save_file_with_progress, save_sharded,
+    save_sharded_with_progress,
+};
 pub use shard::{MAX_RANKS, ReplicaCopy, Replicas, Shard};
 
 mod model;
@@ -116,6 +119,8 @@ pub struct SafetensorsFile {
     file: File,
     tensors: Vec<FileTensor>,
     metadata: HashMap<String, String>,
+    /// Where loads report the bytes they move ([`set_progress`](Self::set_progress)).
+    progress: Option<Arc<crate::Progress>>,
 }
 
 impl SafetensorsFile {
@@ -175,6 +180,7 @@ impl SafetensorsFile {
             )));
         }
         Ok(SafetensorsFile {
+            progress: None,
             file,
             tensors,
             metadata: meta.metadata().clone().unwrap_or_default(),
@@ -207,10 +213,16 @@ impl SafetensorsFile {
         )
     }
 
+    /// Makes every later load of this file (whole, or across ranks) add the bytes it plans to
+    /// `progress`'s total and the bytes it moves to its count; `None` stops reporting.
+    pub fn set_progress(&mut self, progress: Option<Arc<crate::Progress>>) {
+        self.progress = progress;
+    }
+
     /// Loads the selected tensors into one host buffer.
     pub async fn load_host(&self, keep: impl FnMut(&str) -> bool) -> Result<Checkpoint<Vec<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        load_host(plan, tensors, self.file.path()).await
+        load_host(plan, tensors, self.file.path(), self.progress.as_ref()).await
     }
 
     /// Loads the selected tensors into one allocation on `stream`'s device. The copies are
@@ -223,11 +235,26 @@ impl SafetensorsFile {
         keep: impl FnMut(&str) -> bool,
     ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        load_device(stream, plan, tensors, self.file.path()).await
+        load_device(
+            stream,
+            plan,
+            tensors,
+            self.file.path(),
+            self.progress.as_ref(),
+        )
+        .await
     }
 
-    async fn run<D: ReadDst + ?Sized>(plan: &BatchPlan, dst: &mut D) -> Result<()> {
-        plan.read_into(dst).await.exact(plan.descs()).map(drop)
+    async fn run<D: ReadDst + ?Sized>(
+        plan: &BatchPlan,
+        dst: &mut D,
+        progress: Option<&Arc<crate::Progress>>,
+    ) -> Result<()> {
+        let done = match progress {
+            Some(p) => plan.read_into_with_progress(dst, p).await,
+            None => plan.read_into(dst).await,
+        };
+        done.exact(plan.descs()).map(drop)
     }
 }
 
@@ -267,9 +294,10 @@ async fn load_host(
     plan: BatchPlan,
     tensors: Vec<Tensor>,
     path: &Path,
+    progress: Option<&Arc<crate::Progress>>,
 ) -> Result<Checkpoint<Vec<u8>>> {
     let mut buf = vec![0u8; plan.dst_len()];
-    SafetensorsFile::run(&plan, &mut buf).await?;
+    SafetensorsFile::run(&plan, &mut buf, progress).await?;
     Ok(Checkpoint::new(buf, tensors, path))
 }
 
@@ -280,6 +308,7 @@ async fn load_device(
     plan: BatchPlan,
     tensors: Vec<Tensor>,
     path: &Path,
+    progress: Option<&Arc<crate::Progress>>,
 ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
     let ctx = || {
         Context::op(OpKind::Read)
@@ -289,7 +318,7 @@ async fn load_device(
     let mut buf = stream
         .alloc_zeros::<u8>(plan.dst_len().max(1))
         .map_err(|e| Error::cuda(ctx(), e))?;
-    SafetensorsFile::run(&plan, &mut buf).await?;
+    SafetensorsFile::run(&plan, &mut buf, progress).await?;
     Ok(Checkpoint::new(buf, tensors, path))
 }
 

@@ -32,6 +32,8 @@ pub struct SafetensorsModel {
     by_name: HashMap<String, (usize, usize)>,
     /// The index's `metadata`, as strings (`total_size` and the like); empty without an index.
     metadata: HashMap<String, String>,
+    /// Where loads report the bytes they move ([`set_progress`](Self::set_progress)).
+    pub(super) progress: Option<Arc<crate::Progress>>,
 }
 
 /// What an index file says: each tensor's shard, and the metadata as strings.
@@ -148,6 +150,7 @@ impl SafetensorsModel {
             }
         }
         Ok(SafetensorsModel {
+            progress: None,
             path: Arc::from(name),
             shards,
             by_name,
@@ -245,6 +248,7 @@ impl SafetensorsModel {
             ));
         }
         Ok(SafetensorsModel {
+            progress: None,
             path: Arc::from(index),
             shards,
             by_name,
@@ -306,10 +310,15 @@ impl SafetensorsModel {
         )
     }
 
+    /// As [`SafetensorsFile::set_progress`], for loads of every shard.
+    pub fn set_progress(&mut self, progress: Option<Arc<crate::Progress>>) {
+        self.progress = progress;
+    }
+
     /// Loads the selected tensors of every shard into one host buffer.
     pub async fn load_host(&self, keep: impl FnMut(&str) -> bool) -> Result<Checkpoint<Vec<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        super::load_host(plan, tensors, &self.path).await
+        super::load_host(plan, tensors, &self.path, self.progress.as_ref()).await
     }
 
     /// Loads the selected tensors of every shard into one allocation on `stream`'s device, as
@@ -321,7 +330,7 @@ impl SafetensorsModel {
         keep: impl FnMut(&str) -> bool,
     ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
         let (plan, tensors) = self.plan(keep);
-        super::load_device(stream, plan, tensors, &self.path).await
+        super::load_device(stream, plan, tensors, &self.path, self.progress.as_ref()).await
     }
 }
 

@@ -87,6 +87,7 @@ impl SafetensorsFile {
         Listing {
             entries: self.tensors.iter().map(|t| (&self.file, t)).collect(),
             path: self.file.path(),
+            progress: self.progress.as_ref(),
         }
     }
 }
@@ -96,6 +97,7 @@ impl SafetensorsModel {
         Listing {
             entries: self.tensors().map(|(s, t)| (s.file(), t)).collect(),
             path: self.path(),
+            progress: self.progress.as_ref(),
         }
     }
 }

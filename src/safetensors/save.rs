@@ -60,14 +60,41 @@ pub async fn save_file(
     path: impl AsRef<Path>,
     metadata: Option<&HashMap<String, String>>,
 ) -> Result<u64> {
-    let path = path.as_ref();
+    save_one(engine, tensors, path.as_ref(), metadata, None).await
+}
+
+/// [`save_file`], adding the file's tensor bytes to `progress`'s total when it starts and to
+/// its count as they are written.
+pub async fn save_file_with_progress(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    path: impl AsRef<Path>,
+    metadata: Option<&HashMap<String, String>>,
+    progress: &Arc<crate::Progress>,
+) -> Result<u64> {
+    save_one(engine, tensors, path.as_ref(), metadata, Some(progress)).await
+}
+
+async fn save_one(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    path: &Path,
+    metadata: Option<&HashMap<String, String>>,
+    progress: Option<&Arc<crate::Progress>>,
+) -> Result<u64> {
     let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(path));
     let (header, order) = layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
     let data_len: u64 = order.iter().map(|&(_, _, len)| len).sum();
     let total = header.len() as u64 + data_len;
     let tmp = TempFile(Some(temp_name(path)));
     let tmp_path = tmp.0.as_deref().unwrap_or(path);
-    write_all(engine, tmp_path, &header, tensors, &order, data_len).await?;
+    if let Some(p) = progress {
+        p.add_total(data_len);
+    }
+    write_all(
+        engine, tmp_path, &header, tensors, &order, data_len, progress,
+    )
+    .await?;
     std::fs::rename(tmp_path, path).map_err(|e| Error::io(ctx(), e))?;
     tmp.kept();
     sync_dir(path).map_err(|e| Error::io(ctx(), e))?;
@@ -173,6 +200,7 @@ async fn write_all(
     tensors: &[SaveTensor<'_>],
     order: &[(usize, u64, u64)],
     data_len: u64,
+    progress: Option<&Arc<crate::Progress>>,
 ) -> Result<()> {
     let create = |direct: bool| {
         OpenOptions::new()
@@ -192,10 +220,13 @@ async fn write_all(
     // By value, and no async block: a closure taking a reference makes the future fail to be
     // `Send` for every lifetime (rustc's higher-ranked check), and tokio's spawn needs `Send`.
     let file = &file;
-    let writes = order
-        .iter()
-        .copied()
-        .map(|(i, at, _)| file.write_from(tensors[i].data, at));
+    let writes = order.iter().copied().map(|(i, at, _)| {
+        let write = file.write_from(tensors[i].data, at);
+        match progress {
+            Some(p) => write.with_progress(p),
+            None => write,
+        }
+    });
     let mut writes = futures::stream::iter(writes).buffer_unordered(WRITES_IN_FLIGHT);
     while let Some(r) = writes.next().await {
         r?;
@@ -243,7 +274,46 @@ pub async fn save_sharded(
     max_shard_bytes: u64,
     metadata: Option<&HashMap<String, String>>,
 ) -> Result<Vec<PathBuf>> {
-    let dir = dir.as_ref();
+    save_shards(
+        engine,
+        tensors,
+        dir.as_ref(),
+        max_shard_bytes,
+        metadata,
+        None,
+    )
+    .await
+}
+
+/// [`save_sharded`], reporting to `progress` as [`save_file_with_progress`] does: the total
+/// grows shard by shard as each starts.
+pub async fn save_sharded_with_progress(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    dir: impl AsRef<Path>,
+    max_shard_bytes: u64,
+    metadata: Option<&HashMap<String, String>>,
+    progress: &Arc<crate::Progress>,
+) -> Result<Vec<PathBuf>> {
+    save_shards(
+        engine,
+        tensors,
+        dir.as_ref(),
+        max_shard_bytes,
+        metadata,
+        Some(progress),
+    )
+    .await
+}
+
+async fn save_shards(
+    engine: &Engine,
+    tensors: &[SaveTensor<'_>],
+    dir: &Path,
+    max_shard_bytes: u64,
+    metadata: Option<&HashMap<String, String>>,
+    progress: Option<&Arc<crate::Progress>>,
+) -> Result<Vec<PathBuf>> {
     let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(dir));
     if max_shard_bytes == 0 {
         return Err(Error::invalid(ctx(), "a maximum shard size of 0 bytes"));
@@ -263,7 +333,7 @@ pub async fn save_sharded(
     }
     if shards.len() <= 1 {
         let path = dir.join("model.safetensors");
-        save_file(engine, tensors, &path, metadata).await?;
+        save_one(engine, tensors, &path, metadata, progress).await?;
         return Ok(vec![path]);
     }
     let n = shards.len();
@@ -272,7 +342,7 @@ pub async fn save_sharded(
     for (i, shard) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
         let path = dir.join(&name);
-        save_file(engine, shard, &path, metadata).await?;
+        save_one(engine, shard, &path, metadata, progress).await?;
         for t in shard {
             weight_map.insert(t.name.to_string(), serde_json::Value::String(name.clone()));
         }

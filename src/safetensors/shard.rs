@@ -211,6 +211,8 @@ pub(crate) struct RankPlans {
 pub(crate) struct Listing<'a> {
     pub(crate) entries: Vec<(&'a File, &'a FileTensor)>,
     pub(crate) path: &'a Path,
+    /// Where the loads report the bytes they move.
+    pub(crate) progress: Option<&'a std::sync::Arc<crate::Progress>>,
 }
 
 impl Listing<'_> {
@@ -447,7 +449,7 @@ impl Listing<'_> {
             .iter()
             .zip(scratch.iter_mut())
             .filter(|(p, _)| !p.descs().is_empty())
-            .map(|(p, buf)| SafetensorsFile::run(p, buf));
+            .map(|(p, buf)| SafetensorsFile::run(p, buf, self.progress));
         let (loaded, scratched) = futures::future::join(
             self.run_ranks(&plans, &mut bufs),
             futures::future::join_all(scratch_runs),
@@ -487,7 +489,7 @@ impl Listing<'_> {
         let loads = plans
             .iter()
             .zip(bufs.iter_mut())
-            .map(|((plan, _), buf)| SafetensorsFile::run(plan, buf));
+            .map(|((plan, _), buf)| SafetensorsFile::run(plan, buf, self.progress));
         for r in futures::future::join_all(loads).await {
             r?;
         }
