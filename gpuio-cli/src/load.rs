@@ -2,13 +2,14 @@
 //! index file) into GPU or host memory, whole or across tensor-parallel ranks, optionally
 //! verify every tensor against the file's bytes, and report GB/s and the path that served.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
 use gpuio::Engine;
-use gpuio::safetensors::{FileTensor, SafetensorsModel, Shard};
+use gpuio::safetensors::{FileTensor, Replicas, SafetensorsModel, Shard};
 
 use crate::CliResult;
 use crate::bench::Target;
@@ -28,9 +29,24 @@ pub struct LoadArgs {
     /// (round robin), or in host memory.
     #[arg(long)]
     tp: Option<usize>,
+    /// Whole copies of the checkpoint, one per rank: rank r on the r-th GPU of --to (round
+    /// robin), or in host memory. Not with --tp.
+    #[arg(long, conflicts_with = "tp")]
+    replicas: Option<usize>,
+    /// How tensors every rank holds whole reach the ranks' GPUs: auto (read once and copied
+    /// GPU to GPU where the GPUs reach each other directly), once, or each (every rank reads
+    /// them from the file).
+    #[arg(long, default_value = "auto", value_parser = parse_replicate_by)]
+    replicate_by: Replicas,
     /// Compare every loaded tensor with the file's bytes read by std::fs.
     #[arg(long)]
     verify: bool,
+    /// A progress bar on stderr: on by default where stderr is a terminal.
+    #[arg(long, overrides_with = "no_progress")]
+    progress: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
     /// Loads in a row in one process (each timed).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
@@ -40,19 +56,26 @@ pub async fn run(a: LoadArgs) -> CliResult {
     if a.repeat == 0 || a.repeat > 1000 {
         return Err(format!("--repeat {}: want 1 to 1000", a.repeat).into());
     }
-    if a.tp
-        .is_some_and(|n| n == 0 || n > gpuio::safetensors::MAX_RANKS)
-    {
-        return Err(format!(
-            "--tp {}: want 1 to {}",
-            a.tp.unwrap_or(0),
-            gpuio::safetensors::MAX_RANKS
-        )
-        .into());
+    for (flag, n) in [("--tp", a.tp), ("--replicas", a.replicas)] {
+        if n.is_some_and(|n| n == 0 || n > gpuio::safetensors::MAX_RANKS) {
+            return Err(format!(
+                "{flag} {}: want 1 to {}",
+                n.unwrap_or(0),
+                gpuio::safetensors::MAX_RANKS
+            )
+            .into());
+        }
     }
+    // Ranks and how each tensor reaches them: split (--tp) or whole (--replicas).
+    let ranks = match (a.tp, a.replicas) {
+        (Some(n), _) => Some((n, tp_rule(), "ranks")),
+        (None, Some(n)) => Some((n, replicate_rule(), "replicas")),
+        (None, None) => None,
+    };
     let engine = Engine::new()?;
     let t = Instant::now();
-    let model = SafetensorsModel::open(&engine, &a.path).await?;
+    let mut model = SafetensorsModel::open(&engine, &a.path).await?;
+    let show_progress = !a.no_progress && (a.progress || std::io::stderr().is_terminal());
     let bytes: u64 = model.tensors().map(|(_, t)| t.byte_len() as u64).sum();
     outln!(
         "{}: {} tensors, {} in {} file(s); headers read in {:.1} ms",
@@ -79,18 +102,29 @@ pub async fn run(a: LoadArgs) -> CliResult {
     for round in 1..=a.repeat {
         let rss_before = rss_kib("VmRSS:");
         reset_peak_rss();
+        let bar = show_progress.then(|| {
+            let p = gpuio::Progress::new();
+            model.set_progress(Some(p.clone()));
+            ProgressBar::start(p)
+        });
         let t = Instant::now();
-        let checked = match a.tp {
-            None => load_whole(&model, &streams, a.verify).await?,
-            Some(ranks) => load_ranks(&model, &streams, ranks, a.verify).await?,
+        let loaded = match ranks {
+            None => load_whole(&model, &streams, a.verify).await,
+            Some((n, rule, _)) => {
+                load_ranks(&model, &streams, n, rule, a.replicate_by, a.verify).await
+            }
         };
         let secs = t.elapsed().as_secs_f64();
+        // The bar stops (and clears its line) before anything else is printed, error or not.
+        drop(bar);
+        model.set_progress(None);
+        let checked = loaded?;
         outln!(
             "load {round}: {} in {secs:.3} s = {:.2} GB/s into {}{} via {path}{}",
             fmt_bytes(bytes),
             bytes as f64 / secs / 1e9,
             a.to,
-            a.tp.map_or(String::new(), |n| format!(" ({n} ranks)")),
+            ranks.map_or(String::new(), |(n, _, what)| format!(" ({n} {what})")),
             if a.verify {
                 format!("; verified {checked} tensors")
             } else {
@@ -130,13 +164,88 @@ fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
+/// Where each tensor goes across ranks.
+type Rule = fn(&FileTensor, usize) -> Option<Shard>;
+
 /// The `--tp` rule: split along dimension 0 where it divides evenly, else replicate.
-fn tp_rule(ranks: usize) -> impl Fn(&FileTensor) -> Option<Shard> + Copy {
-    move |t: &FileTensor| {
+fn tp_rule() -> Rule {
+    |t: &FileTensor, ranks: usize| {
         if t.shape.len() >= 2 && t.shape[0] % ranks == 0 {
             Some(Shard::Split(0))
         } else {
             Some(Shard::Replicate)
+        }
+    }
+}
+
+/// The `--replicas` rule: every tensor whole on every rank.
+fn replicate_rule() -> Rule {
+    |_: &FileTensor, _: usize| Some(Shard::Replicate)
+}
+
+fn parse_replicate_by(s: &str) -> Result<Replicas, String> {
+    match s {
+        "auto" => Ok(Replicas::Auto),
+        "once" => Ok(Replicas::ReadOnce),
+        "each" => Ok(Replicas::ReadEach),
+        _ => Err(format!("{s:?}: want auto, once or each")),
+    }
+}
+
+/// A progress bar on stderr, redrawn ten times a second from its own thread until dropped
+/// (which draws the final count, then clears the line).
+struct ProgressBar {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProgressBar {
+    fn start(p: Arc<gpuio::Progress>) -> ProgressBar {
+        use std::io::Write;
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let halt = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let t = Instant::now();
+            let mut err = std::io::stderr();
+            loop {
+                // The last frame is drawn after the stop, so it shows the final count.
+                let stopping = halt.load(Ordering::Acquire);
+                let (done, total) = (p.done(), p.total());
+                let width = 30;
+                let filled = (done * width).checked_div(total).unwrap_or(0).min(width) as usize;
+                let _ = write!(
+                    err,
+                    "\r[{}{}] {} / {}  {:.2} GB/s ",
+                    "#".repeat(filled),
+                    ".".repeat(width as usize - filled),
+                    fmt_bytes(done),
+                    fmt_bytes(total),
+                    done as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+                );
+                let _ = err.flush();
+                if stopping {
+                    break;
+                }
+                std::thread::park_timeout(std::time::Duration::from_millis(100));
+            }
+            // Clear the bar's line for what is printed next.
+            let _ = write!(err, "\r{}\r", " ".repeat(80));
+            let _ = err.flush();
+        });
+        ProgressBar {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for ProgressBar {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
         }
     }
 }
@@ -176,9 +285,11 @@ async fn load_ranks(
     model: &SafetensorsModel,
     streams: &[Arc<gpuio::cuda::cudarc::driver::CudaStream>],
     ranks: usize,
+    rule: Rule,
+    replicas: Replicas,
     verify: bool,
 ) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
-    let rule = tp_rule(ranks);
+    let rule = move |t: &FileTensor| rule(t, ranks);
     if streams.is_empty() {
         let loaded = model.load_shards_host(ranks, rule).await?;
         return Ok(loaded.iter().map(|c| c.tensors().len()).sum());
@@ -186,7 +297,9 @@ async fn load_ranks(
     let rank_streams: Vec<_> = (0..ranks)
         .map(|r| streams[r % streams.len()].clone())
         .collect();
-    let loaded = model.load_shards_device(&rank_streams, rule).await?;
+    let loaded = model
+        .load_shards_device_with(&rank_streams, rule, replicas)
+        .await?;
     for s in &rank_streams {
         s.synchronize()?;
     }

@@ -67,6 +67,15 @@ fn load_reads_a_model_directory_and_verifies_it() {
         .arg(dir.path()));
     assert!(r.ok(), "{r:?}");
     assert!(r.stdout.contains("(2 ranks)"), "{r:?}");
+    // Whole copies on 3 ranks, with the progress bar forced on (stderr is not a terminal
+    // here): it ends at the checkpoint's 416 bytes and clears its line.
+    let r = run(gpuio()
+        .args(["load", "--to", "host", "--replicas", "3", "--progress"])
+        .arg(dir.path()));
+    assert!(r.ok(), "{r:?}");
+    assert!(r.stdout.contains("(3 replicas)"), "{r:?}");
+    // Three replicas of 416 bytes each: the bar's last frame shows them all.
+    assert!(r.stderr.contains("] 1.22 KiB / 1.22 KiB"), "{r:?}");
 }
 
 #[test]
@@ -77,7 +86,7 @@ fn load_refuses_a_bad_index_and_bad_arguments() {
     let r = run(gpuio().args(["load", "--to", "host"]).arg(dir.path()));
     assert!(!r.ok(), "{r:?}");
     assert!(r.stderr.contains("which is missing"), "{r:?}");
-    for bad in [["--tp", "0"], ["--repeat", "0"]] {
+    for bad in [["--tp", "0"], ["--repeat", "0"], ["--replicas", "0"]] {
         let r = run(gpuio()
             .args(["load", "--to", "host"])
             .args(bad)
