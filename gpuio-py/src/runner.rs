@@ -75,6 +75,66 @@ pub fn block<T: Send>(py: Python<'_>, fut: impl Future<Output = T> + Send) -> T 
     exit::detach(py, || futures::executor::block_on(fut))
 }
 
+/// How often [`block_reporting`] hands the thread back to Python for a progress callback.
+const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Wakes a thread parked in [`block_reporting`].
+struct Unpark(std::thread::Thread);
+
+impl std::task::Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// [`block`], calling `report` with the GIL held every [`REPORT_EVERY`] while `fut` runs and
+/// once when it has finished. An error from `report` (a progress callback that raised) drops
+/// `fut` — cancelling it as dropping any gpuio future does: nothing is written afterwards —
+/// and is returned.
+pub fn block_reporting<T: Send, F: Future<Output = T> + Send>(
+    py: Python<'_>,
+    fut: F,
+    mut report: impl FnMut(Python<'_>) -> PyResult<()>,
+) -> PyResult<T> {
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        let out = exit::detach(py, || {
+            let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+            let mut cx = Context::from_waker(&waker);
+            let until = std::time::Instant::now() + REPORT_EVERY;
+            loop {
+                if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+                    return Some(v);
+                }
+                let now = std::time::Instant::now();
+                if now >= until {
+                    return None;
+                }
+                std::thread::park_timeout(until - now);
+            }
+        });
+        report(py)?;
+        if let Some(v) = out {
+            return Ok(v);
+        }
+    }
+}
+
+/// `callback(done, total)` from `progress`'s count, for [`block_reporting`].
+pub fn progress_reporter<'py>(
+    callback: &'py Bound<'py, PyAny>,
+    progress: &'py Arc<gpuio::Progress>,
+) -> impl FnMut(Python<'_>) -> PyResult<()> + 'py {
+    move |_| {
+        callback
+            .call1((progress.done(), progress.total()))
+            .map(drop)
+    }
+}
+
 type BoxedOp<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 /// A completed operation's result, with what is left of the operation (dropped after).
 type Finished<T, E> = (Result<T, E>, BoxedOp<T, E>);

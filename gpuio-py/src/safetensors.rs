@@ -14,7 +14,7 @@ use crate::context::KeepCurrentContext;
 use crate::errors::{int_arg, to_py};
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
-use crate::runner::{block, spawn};
+use crate::runner::{block, block_reporting, progress_reporter, spawn};
 
 /// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
 type TensorRow = (String, String, Vec<usize>, u64, u64);
@@ -231,12 +231,30 @@ pub struct LoadPlan {
 }
 
 /// Runs `plan` into `mem`, every byte or an error (a truncated file is `UnexpectedEof`).
-async fn load(plan: Arc<BatchPlan>, mut mem: Memory) -> gpuio::Result<usize> {
+async fn load(
+    plan: Arc<BatchPlan>,
+    mut mem: Memory,
+    progress: Arc<gpuio::Progress>,
+) -> gpuio::Result<usize> {
     let done = match &mut mem {
-        Memory::Host(h) => plan.read_into(h.bytes_mut()).await,
-        Memory::Device(d) => plan.read_into(&mut d.slice).await,
+        Memory::Host(h) => plan.read_into_with_progress(h.bytes_mut(), &progress).await,
+        Memory::Device(d) => plan.read_into_with_progress(&mut d.slice, &progress).await,
     };
     done.exact(plan.descs())
+}
+
+/// Runs `fut` as [`block`] does, calling `progress(done, total)` about every 100 ms and at
+/// the end where a callback is given.
+fn block_loading<T: Send>(
+    py: Python<'_>,
+    fut: impl std::future::Future<Output = T> + Send,
+    counter: &Arc<gpuio::Progress>,
+    progress: Option<&Bound<'_, PyAny>>,
+) -> PyResult<T> {
+    match progress {
+        None => Ok(block(py, fut)),
+        Some(cb) => block_reporting(py, fut, progress_reporter(cb, counter)),
+    }
 }
 
 /// Runs every plan into its destination at once (``plans[i]`` into ``dsts[i]``, ordered on
@@ -244,12 +262,13 @@ async fn load(plan: Arc<BatchPlan>, mut mem: Memory) -> gpuio::Result<usize> {
 /// each read. Each destination is checked before anything is read. The first error raises,
 /// after every load has ended.
 #[pyfunction]
-#[pyo3(signature = (plans, dsts, streams = None))]
+#[pyo3(signature = (plans, dsts, streams = None, progress = None))]
 pub fn read_plans(
     py: Python<'_>,
     plans: Vec<Bound<'_, LoadPlan>>,
     dsts: Vec<Bound<'_, PyAny>>,
     streams: Option<Vec<Option<Bound<'_, PyAny>>>>,
+    progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Vec<usize>> {
     if dsts.len() != plans.len() || streams.as_ref().is_some_and(|s| s.len() != plans.len()) {
         return Err(pyo3::exceptions::PyValueError::new_err(format!(
@@ -262,13 +281,19 @@ pub fn read_plans(
         )));
     }
     let _keep_context = KeepCurrentContext::save();
+    let counter = gpuio::Progress::new();
     let mut loads = Vec::with_capacity(plans.len());
     for (i, (plan, dst)) in plans.iter().zip(&dsts).enumerate() {
         let plan = plan.get();
         let stream = streams.as_ref().and_then(|s| s[i].as_ref());
-        loads.push(load(plan.plan.clone(), plan.memory(dst, stream)?));
+        loads.push(load(
+            plan.plan.clone(),
+            plan.memory(dst, stream)?,
+            counter.clone(),
+        ));
     }
-    block(py, futures::future::join_all(loads))
+    let all = futures::future::join_all(loads);
+    block_loading(py, all, &counter, progress.as_ref())?
         .into_iter()
         .map(|r| r.map_err(to_py))
         .collect()
@@ -300,17 +325,22 @@ impl LoadPlan {
 
     /// Reads every selected tensor into ``dst`` (at least ``dst_len`` bytes; host or device
     /// memory, as for ``File.read_into``, with the same stream semantics) and returns the
-    /// bytes read. Releases the GIL.
-    #[pyo3(signature = (dst, *, stream = None))]
+    /// bytes read. Releases the GIL. ``progress(done, total)`` (bytes), where given, is
+    /// called about every 100 ms and once at the end; if it raises, the read is cancelled
+    /// (nothing lands in ``dst`` afterwards) and the exception propagates.
+    #[pyo3(signature = (dst, *, stream = None, progress = None))]
     fn read_into(
         &self,
         py: Python<'_>,
         dst: &Bound<'_, PyAny>,
         stream: Option<&Bound<'_, PyAny>>,
+        progress: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
-        block(py, load(self.plan.clone(), mem)).map_err(to_py)
+        let counter = gpuio::Progress::new();
+        let read = load(self.plan.clone(), mem, counter.clone());
+        block_loading(py, read, &counter, progress)?.map_err(to_py)
     }
 
     /// ``read_into`` as an awaitable (see ``File.aread_into``).
@@ -323,7 +353,7 @@ impl LoadPlan {
     ) -> PyResult<Bound<'py, PyAny>> {
         let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
-        let op = load(self.plan.clone(), mem);
+        let op = load(self.plan.clone(), mem, gpuio::Progress::new());
         spawn(py, op)
     }
 }

@@ -12,7 +12,7 @@ use crate::context::KeepCurrentContext;
 use crate::errors::to_py;
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
-use crate::runner::block;
+use crate::runner::{block, block_reporting, progress_reporter};
 
 /// A tensor's bytes as a source the library writes from.
 enum Src<'a> {
@@ -59,7 +59,7 @@ type TensorArg<'py> = (String, String, Vec<usize>, Bound<'py, PyAny>);
 /// index; returns the files written. Each file is written to a temporary name, fsynced and
 /// renamed into place. Releases the GIL while writing.
 #[pyfunction]
-#[pyo3(signature = (engine, path, tensors, metadata = None, max_shard_size = None))]
+#[pyo3(signature = (engine, path, tensors, metadata = None, max_shard_size = None, progress = None))]
 pub fn save_safetensors(
     py: Python<'_>,
     engine: &Engine,
@@ -67,6 +67,7 @@ pub fn save_safetensors(
     tensors: Vec<TensorArg<'_>>,
     metadata: Option<HashMap<String, String>>,
     max_shard_size: Option<u64>,
+    progress: Option<Bound<'_, PyAny>>,
 ) -> PyResult<Vec<PathBuf>> {
     let _keep_context = KeepCurrentContext::save();
     let engine = engine.inner.clone();
@@ -80,18 +81,23 @@ pub fn save_safetensors(
         let mem = extract(&engine, &obj, None, Access::Src)?;
         parts.push((name, d, shape, mem));
     }
-    block(py, async move {
+    let counter = gpuio::Progress::new();
+    let count = counter.clone();
+    let save = async move {
+        use gpuio::safetensors::{save_file_with_progress, save_sharded_with_progress};
         let srcs = sources(&parts);
         let list = save_list(&parts, &srcs);
+        let meta = metadata.as_ref();
         match max_shard_size {
-            None => gpuio::safetensors::save_file(&engine, &list, &path, metadata.as_ref())
+            None => save_file_with_progress(&engine, &list, &path, meta, &count)
                 .await
                 .map(|_| vec![path.clone()]),
-            Some(max) => {
-                gpuio::safetensors::save_sharded(&engine, &list, &path, max, metadata.as_ref())
-                    .await
-            }
+            Some(max) => save_sharded_with_progress(&engine, &list, &path, max, meta, &count).await,
         }
-    })
+    };
+    match &progress {
+        None => block(py, save),
+        Some(cb) => block_reporting(py, save, progress_reporter(cb, &counter))?,
+    }
     .map_err(to_py)
 }

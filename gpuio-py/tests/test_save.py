@@ -67,3 +67,39 @@ def test_torch_save_file_and_sharded_state_dicts(tmp_path):
         assert torch.equal(back[k], v), k
     with pytest.raises(ValueError, match="not contiguous"):
         gt.save_file({"t": torch.randn(4, 4).t()}, tmp_path / "c.safetensors")
+
+
+def test_progress_callbacks_count_every_byte_and_can_stop(tmp_path):
+    big = {"a": np.arange(40 << 18, dtype=np.float32), "b": np.ones(3 << 20, dtype=np.uint8)}
+    nbytes = sum(a.nbytes for a in big.values())
+    path = tmp_path / "p.safetensors"
+    saved = []
+    save_file(big, path, progress=lambda done, total: saved.append((done, total)))
+    assert saved and saved[-1] == (nbytes, nbytes)
+    assert all(d1 <= d2 for (d1, _), (d2, _) in zip(saved, saved[1:]))
+    loaded = []
+    back = load_file(path, progress=lambda done, total: loaded.append((done, total)))
+    assert loaded[-1] == (nbytes, nbytes)
+    assert np.array_equal(back["a"], big["a"])
+
+    # A callback that raises stops the load and its exception comes out.
+    class Stop(Exception):
+        pass
+
+    seen = []
+
+    def stop(done, total):
+        seen.append((done, total))
+        raise Stop(f"{done}/{total}")
+
+    with pytest.raises(Stop):
+        load_file(path, progress=stop)
+    # A save stopped by its callback leaves nothing under the final name, or (where it had
+    # finished before the call) the whole file: never part of one.
+    other = tmp_path / "q.safetensors"
+    seen.clear()
+    with pytest.raises(Stop):
+        save_file(big, other, progress=stop)
+    assert seen
+    assert not other.exists() or other.read_bytes() == path.read_bytes()
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]

@@ -2,7 +2,7 @@
 
 import os
 import pathlib
-from typing import Any, Awaitable, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 #: Host memory (buffer protocol: numpy, bytearray, memoryview), device memory
 #: (``__cuda_array_interface__`` or ``__dlpack__``: torch, cupy), or a DLPack capsule.
@@ -114,7 +114,10 @@ class SafetensorsFile:
     ) -> tuple[list[LoadPlan], list[tuple[int, int, int, int, int]]]: ...
 
 def read_plans(
-    plans: Sequence[LoadPlan], dsts: Sequence[object], streams: Optional[Sequence[object]] = None
+    plans: Sequence[LoadPlan],
+    dsts: Sequence[object],
+    streams: Optional[Sequence[object]] = None,
+    progress: Optional[Callable[[int, int], object]] = None,
 ) -> list[int]: ...
 
 class LoadPlan:
@@ -122,7 +125,13 @@ class LoadPlan:
     def dst_len(self) -> int: ...
     @property
     def tensors(self) -> list[TensorRow]: ...
-    def read_into(self, dst: Memory, *, stream: Optional[Stream] = None) -> int: ...
+    def read_into(
+        self,
+        dst: Memory,
+        *,
+        stream: Optional[Stream] = None,
+        progress: Optional[Callable[[int, int], object]] = None,
+    ) -> int: ...
     def aread_into(self, dst: Memory, *, stream: Optional[Stream] = None) -> Awaitable[int]: ...
 
 def open_safetensors(engine: Engine, path: Union[str, os.PathLike[str]]) -> SafetensorsFile: ...

@@ -76,17 +76,18 @@ class Checkpoint:
         except KeyError:
             raise KeyError(f"no tensor named {name!r} in the checkpoint") from None
 
-    def load(self, names, alloc, build, stream=None, sync=None):
+    def load(self, names, alloc, build, stream=None, sync=None, progress=None):
         """Reads ``names`` (all where ``None``) into one buffer from ``alloc`` and returns
         ``{name: build(buffer, name, dtype, shape, start, end)}`` in file order; ``sync``
-        (if given) runs after the read, before the tensors are built."""
+        (if given) runs after the read, before the tensors are built; ``progress(done,
+        total)`` (bytes; if given) is called about every 100 ms and at the end."""
         if names is not None:
             names = list(names)
             for n in names:
                 self.listing(n)
         plan = self._file.plan(names)
         buf = alloc(plan.dst_len)
-        plan.read_into(buf, stream=stream)
+        plan.read_into(buf, stream=stream, progress=progress)
         if sync is not None:
             sync()
         return {n: build(buf, n, dtype, shape, s, e) for n, dtype, shape, s, e in plan.tensors}
@@ -107,7 +108,9 @@ class Checkpoint:
             self.listing(n)
         return dict(rule)
 
-    def load_shards(self, rule, ranks, alloc, build, streams=None, sync=None, copy=None):
+    def load_shards(
+        self, rule, ranks, alloc, build, streams=None, sync=None, copy=None, progress=None
+    ):
         """Tensor-parallel load: each rank's shards (see ``shard_rules``) into one buffer
         from ``alloc(rank, nbytes)``; returns one ``{name: build(...)}`` per rank. Every
         byte of a split tensor is read once, by the rank it belongs to. ``streams[rank]``
@@ -122,7 +125,7 @@ class Checkpoint:
             plans, copies = self._file.plan_shards_read_once(ranks, rules)
         bufs = [alloc(rank, plan.dst_len) for rank, plan in enumerate(plans)]
         # Every rank at once, one wait for all of them.
-        gpuio._native.read_plans(plans, bufs, streams)
+        gpuio._native.read_plans(plans, bufs, streams, progress)
         for src, s, e, dst, d in copies:
             copy(bufs[dst], d, bufs[src], s, e)
         if sync is not None:

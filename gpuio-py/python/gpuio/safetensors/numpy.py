@@ -1,7 +1,7 @@
 """``gpuio.safetensors.numpy.load_file``: ``safetensors.numpy.load_file`` through gpuio."""
 
 import os
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import numpy as np
 
@@ -42,20 +42,25 @@ def _build(buf, name, dtype, shape, start, end):
     return buf[start:end].view(_dtype(name, dtype)).reshape(shape)
 
 
-def _load(checkpoint, names):
+def _load(checkpoint, names, progress=None):
     for n in names if names is not None else checkpoint.keys():
         _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
-    return checkpoint.load(names, alloc=lambda n: np.empty(n, dtype=np.uint8), build=_build)
+    return checkpoint.load(
+        names, alloc=lambda n: np.empty(n, dtype=np.uint8), build=_build, progress=progress
+    )
 
 
 def load_file(
-    filename: Union[str, "os.PathLike[str]"], *, engine: Optional[gpuio.Engine] = None
+    filename: Union[str, "os.PathLike[str]"],
+    *,
+    engine: Optional[gpuio.Engine] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> Dict[str, np.ndarray]:
     """Loads every tensor of a ``.safetensors`` file as numpy arrays:
     ``{name: np.ndarray}``, the same dtypes, shapes and values as
     ``safetensors.numpy.load_file``. ``filename`` may also be a model directory or an index
-    file (see ``gpuio.safetensors.torch.load_file``)."""
-    return _load(Checkpoint(filename, engine), None)
+    file (see ``gpuio.safetensors.torch.load_file``, which also says what ``progress`` gets)."""
+    return _load(Checkpoint(filename, engine), None, progress)
 
 
 def load_shards(
@@ -84,9 +89,11 @@ def save_file(
     metadata: Optional[Dict[str, str]] = None,
     *,
     engine: Optional[gpuio.Engine] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> None:
     """``safetensors.numpy.save_file`` through gpuio: the same file, byte for byte, written
-    into a temporary file that is fsynced and renamed into place."""
+    into a temporary file that is fsynced and renamed into place; ``progress`` as for
+    ``gpuio.safetensors.torch.save_file``."""
     from gpuio.safetensors import default_engine
 
     rows = []
@@ -101,7 +108,7 @@ def save_file(
         flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         rows.append((name, dtype, list(a.shape), flat))
     engine = engine if engine is not None else default_engine()
-    gpuio._native.save_safetensors(engine, os.fspath(filename), rows, metadata)
+    gpuio._native.save_safetensors(engine, os.fspath(filename), rows, metadata, progress=progress)
 
 
 __all__ = ["load_file", "load_shards", "save_file"]

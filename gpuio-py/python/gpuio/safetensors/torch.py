@@ -2,7 +2,7 @@
 straight into GPU memory for ``device="cuda:N"``."""
 
 import os
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import torch
 
@@ -59,7 +59,7 @@ def _build(buf, name, dtype, shape, start, end):
     return raw.view(dt).reshape(shape)
 
 
-def _load(checkpoint, names, device="cpu"):
+def _load(checkpoint, names, device="cpu", progress=None):
     dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -75,11 +75,15 @@ def _load(checkpoint, names, device="cpu"):
                 stream=stream,
                 # As safetensors does, return tensors that are ready on any stream.
                 sync=stream.synchronize,
+                progress=progress,
             )
     if dev.type != "cpu":
         raise ValueError(f"device {device!r}: gpuio loads into 'cpu' or 'cuda:N'")
     return checkpoint.load(
-        names, alloc=lambda n: torch.empty(n, dtype=torch.uint8), build=_build
+        names,
+        alloc=lambda n: torch.empty(n, dtype=torch.uint8),
+        build=_build,
+        progress=progress,
     )
 
 
@@ -88,6 +92,7 @@ def load_file(
     device: Union[str, int, "torch.device"] = "cpu",
     *,
     engine: Optional[gpuio.Engine] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> Dict[str, "torch.Tensor"]:
     """Loads every tensor of a ``.safetensors`` file: ``{name: torch.Tensor}`` with the same
     dtypes, shapes and values as ``safetensors.torch.load_file``. ``filename`` may also be a
@@ -96,8 +101,12 @@ def load_file(
     files concurrently, into one allocation. ``device`` is ``"cpu"``
     (default), ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device``; on a GPU the bytes go
     from the file (or page cache) through pinned bounce buffers, or cuFile, into one device
-    allocation, and the tensors are ready when this returns."""
-    return _load(Checkpoint(filename, engine), None, device)
+    allocation, and the tensors are ready when this returns.
+
+    ``progress(done, total)`` (bytes), where given, is called about every 100 ms during the
+    load and once at the end; if it raises, the load stops (nothing is written into the
+    tensors' memory afterwards) and the exception propagates."""
+    return _load(Checkpoint(filename, engine), None, device, progress)
 
 
 def _device(device):
@@ -116,6 +125,7 @@ def load_shards(
     *,
     engine: Optional[gpuio.Engine] = None,
     replicas: str = "auto",
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[Dict[str, "torch.Tensor"]]:
     """Tensor-parallel load: one ``{name: torch.Tensor}`` per entry of ``devices`` (rank
     ``r`` on ``devices[r]``; several ranks may share a device). ``rule`` is a dict of tensor
@@ -127,7 +137,8 @@ def load_shards(
     ``replicas`` says how replicated tensors reach every rank: ``"once"`` (one rank reads
     each from the file, the others get a GPU-to-GPU copy), ``"each"`` (every rank reads them)
     or ``"auto"`` (``"once"`` where every device is a GPU and each pair reaches the other
-    directly, over NVLink or PCIe peer-to-peer)."""
+    directly, over NVLink or PCIe peer-to-peer). ``progress`` as for ``load_file`` (the bytes
+    read from the file by every rank)."""
     if replicas not in ("auto", "once", "each"):
         raise ValueError(f"replicas={replicas!r}: use 'auto', 'once' or 'each'")
     devs = [_device(d) for d in devices]
@@ -165,6 +176,7 @@ def load_shards(
         streams=streams,
         sync=sync,
         copy=copy if replicas == "once" else None,
+        progress=progress,
     )
 
 
@@ -214,15 +226,20 @@ def save_file(
     metadata: Optional[Dict[str, str]] = None,
     *,
     engine: Optional[gpuio.Engine] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> None:
     """``safetensors.torch.save_file`` through gpuio: the same file, byte for byte, written
     from host or GPU memory (GPU tensors through pinned bounce buffers, no host copy of the
     checkpoint), into a temporary file that is fsynced and renamed into place, so ``filename``
-    is never left holding part of a checkpoint."""
+    is never left holding part of a checkpoint. ``progress(done, total)`` (tensor bytes), where
+    given, is called about every 100 ms and at the end; if it raises before the save has
+    finished, the save stops and leaves no file under ``filename``."""
     from gpuio.safetensors import default_engine
 
     engine = engine if engine is not None else default_engine()
-    gpuio._native.save_safetensors(engine, os.fspath(filename), _to_save(tensors), metadata)
+    gpuio._native.save_safetensors(
+        engine, os.fspath(filename), _to_save(tensors), metadata, progress=progress
+    )
 
 
 def save_torch_state_dict(
@@ -232,11 +249,13 @@ def save_torch_state_dict(
     max_shard_size: Union[int, str] = "5GB",
     metadata: Optional[Dict[str, str]] = None,
     engine: Optional[gpuio.Engine] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
 ) -> List[str]:
     """``huggingface_hub.save_torch_state_dict``'s layout through gpuio: shards of at most
     ``max_shard_size`` (``"5GB"``, ``"500MB"``, or bytes) named
     ``model-00001-of-0000N.safetensors`` and ``model.safetensors.index.json``, or one
-    ``model.safetensors`` where everything fits. Returns the files written (the index last)."""
+    ``model.safetensors`` where everything fits. Returns the files written (the index last).
+    ``progress`` as for ``save_file``, over every shard."""
     from gpuio.safetensors import default_engine
 
     engine = engine if engine is not None else default_engine()
@@ -247,6 +266,7 @@ def save_torch_state_dict(
         _to_save(state_dict),
         metadata,
         _parse_size(max_shard_size),
+        progress=progress,
     )
     return [os.fspath(f) for f in files]
 
