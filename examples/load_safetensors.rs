@@ -49,7 +49,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("each") => Replicas::ReadEach,
         Some(other) => return Err(format!("--replicas {other}: use once, each or auto").into()),
     };
-    let values: Vec<&String> = ["--gpus", "--replicas", "--repeat"]
+    // The stream the copies are queued on: a new one (default), or the context's default
+    // stream, as `gpuio load` and torch use.
+    let default_stream = match flag("--stream").map(String::as_str) {
+        None | Some("new") => false,
+        Some("default") => true,
+        Some(other) => return Err(format!("--stream {other}: use new or default").into()),
+    };
+    let values: Vec<&String> = ["--gpus", "--replicas", "--repeat", "--stream"]
         .iter()
         .filter_map(|f| flag(f))
         .collect();
@@ -78,7 +85,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let occ_start = engine.occupancy();
     let (loaded, tensors, where_, bytes_of, occ) = match gpuio::cuda::context(0) {
         Ok(ctx) => {
-            let stream = ctx.new_stream()?;
+            let stream = if default_stream {
+                ctx.default_stream()
+            } else {
+                ctx.new_stream()?
+            };
             // Pinning the bounce pool is start-up work, not the load's (a service does it
             // once): timed apart.
             let tp = Instant::now();

@@ -193,13 +193,55 @@ class Cache:
                 pass
 
 
+_REPORTED_CPUS = [None]
+_REPORTED_ENV = [None]
+
+
+def affinity_watch(after):
+    """Says once each time this thread's CPU mask differs from the one it started with (a
+    loader's import or load may narrow it, and children inherit it)."""
+    changed = sorted(k for k in set(os.environ) | set(START_ENV) if os.environ.get(k) != START_ENV.get(k))
+    if changed and changed != _REPORTED_ENV[0]:
+        _REPORTED_ENV[0] = changed
+        print(f"environment: after {after}, changed: " + ", ".join(
+            f"{k}={os.environ.get(k)!r} (was {START_ENV.get(k)!r})" for k in changed))
+    if START_CPUS is None:
+        return
+    now = set(os.sched_getaffinity(0))
+    if now != START_CPUS and now != _REPORTED_CPUS[0]:
+        _REPORTED_CPUS[0] = now
+        print(f"affinity: after {after}, this thread may run on {len(now)} of the "
+              f"{len(START_CPUS)} CPUs it started with; the Rust example runs on all of them")
+
+
+# The CPUs this process could run on when it started, before any loader was imported or run,
+# and its environment then.
+START_CPUS = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+START_ENV = dict(os.environ)
+
+
 def rust_example(binary, path):
     """Runs the Rust load_safetensors example; returns its load time (header included) as
-    the 'tensors' value, which timed() replaces by that time."""
+    the 'tensors' value, which timed() replaces by that time. The child runs on the CPUs this
+    process started with: a child inherits its parent thread's CPU mask, and a peer loader
+    that narrows the main thread's mask (see ``affinity_watch``) would otherwise slow the
+    example's I/O threads, not the loaders measured in-process, whose threads started
+    earlier."""
     import re
     import subprocess
 
-    out = subprocess.run([binary, path, "--no-verify"], capture_output=True, text=True, check=True)
+    def restore():
+        if START_CPUS:
+            os.sched_setaffinity(0, START_CPUS)
+
+    out = subprocess.run(
+        [binary, path, "--no-verify"],
+        capture_output=True,
+        text=True,
+        check=True,
+        preexec_fn=restore,
+        env=START_ENV if os.environ.get("GPUIO_BENCH_CHILD_ENV") == "start" else None,
+    )
     m = re.search(r" in ([0-9.]+) s \(header ([0-9.]+) ms\)", out.stdout)
     if not m:
         raise RuntimeError(f"unexpected output: {out.stdout.strip().splitlines()[-1:]}")
@@ -252,6 +294,7 @@ def main():
     print(f"checkpoint {args.path}: {size / 1e9:.3f} GB; device {args.device}; torch {torch.__version__}")
     only = set(filter(None, args.peers.split(",")))
     loaders = make_loaders(torch, args.device, only)
+    affinity_watch("importing the loaders")
     runnable = {k: v for k, v in loaders.items() if callable(v)}
     for name, v in loaders.items():
         if not callable(v):
@@ -301,6 +344,7 @@ def main():
                 cache.cold() if mode == "cold" else cache.warm()
                 try:
                     secs, tensors = timed(torch, runnable[name], args.path)
+                    affinity_watch(name)
                 except Exception as e:  # a peer that fails is reported, not measured
                     failed[name] = f"{type(e).__name__}: {e}"
                     print(f"failed: {name}: {failed[name]}")
