@@ -66,7 +66,7 @@ impl ReadDst for DeviceRange {
 pub(crate) async fn read_batch_device(
     runs: &[&Run],
     dst: &mut dyn DeviceDst,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Vec<Result<usize>> {
     let own = dst.own_stream().clone();
     // Orders the copies after earlier uses of `dst` (cudarc makes `own` wait on its events).

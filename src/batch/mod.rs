@@ -48,10 +48,10 @@ pub use spread::SpreadPlan;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::Progress;
 use crate::buf::{ReadDst, ReadTarget};
 use crate::error::{Error, OpKind, Result};
 use crate::file::File;
+use crate::op::progress::Progress;
 use crate::plan::MAX_POS;
 
 /// One range to read: `len` bytes of `file` at `offset`, to land at byte `dst_offset` of the

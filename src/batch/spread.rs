@@ -133,7 +133,7 @@ impl SpreadPlan {
     pub fn read_into_with_progress<'a, D: ReadDst + Send>(
         &'a self,
         dsts: &'a mut [D],
-        progress: &'a std::sync::Arc<crate::Progress>,
+        progress: &'a std::sync::Arc<crate::op::progress::Progress>,
     ) -> impl std::future::Future<Output = BatchResult> + Send + 'a {
         async move { self.run(dsts, Some(progress)).await }
     }
@@ -141,7 +141,7 @@ impl SpreadPlan {
     async fn run<D: ReadDst + Send>(
         &self,
         dsts: &mut [D],
-        progress: Option<&std::sync::Arc<crate::Progress>>,
+        progress: Option<&std::sync::Arc<crate::op::progress::Progress>>,
     ) -> BatchResult {
         // Every place is filled below: each descriptor is in one part or rejected.
         let mut results: Vec<Result<usize>> = (0..self.count).map(|_| Ok(0)).collect();

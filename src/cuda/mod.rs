@@ -63,6 +63,19 @@ pub(crate) type DeviceCtx = std::sync::Arc<cudarc::driver::CudaContext>;
 /// Without CUDA no transfer has device memory.
 #[cfg(not(feature = "cuda"))]
 pub(crate) type DeviceCtx = std::convert::Infallible;
+
+/// The GPU a transfer's device memory is on, as a number the reactor can count by (it knows
+/// nothing else of CUDA).
+#[cfg(feature = "cuda")]
+pub(crate) fn device_number(d: &DeviceCtx) -> u32 {
+    d.ordinal() as u32
+}
+
+/// Without CUDA there is no device to number.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn device_number(d: &DeviceCtx) -> u32 {
+    match *d {}
+}
 pub mod topology;
 
 #[cfg(feature = "cuda")]

@@ -37,6 +37,7 @@ pub struct EngineBuilder {
     /// `Some(0)`: the kernel's own io-wq limit.
     iowq_workers: Option<u32>,
     page_cache_copies: Option<usize>,
+    copies_per_device: Option<usize>,
     bounce_growth: Option<usize>,
     pool_wait_limit: std::time::Duration,
     backend: Backend,
@@ -63,6 +64,7 @@ impl Default for EngineBuilder {
             bounce_slots: None,
             iowq_workers: None,
             page_cache_copies: None,
+            copies_per_device: None,
             bounce_growth: None,
             pool_wait_limit: DEFAULT_POOL_WAIT_LIMIT,
             backend: Backend::Auto,
@@ -135,6 +137,15 @@ impl EngineBuilder {
         self
     }
 
+    /// Most page-cache copies per GPU while every open read lands in GPU memory (default:
+    /// [`COPIES_PER_DEVICE`](crate::plan::sizing::COPIES_PER_DEVICE), within
+    /// [`page_cache_copies`](Self::page_cache_copies)). Setting `page_cache_copies` alone sets
+    /// this to the same number: the cap is then exactly what was asked.
+    pub fn copies_per_device(mut self, n: usize) -> Self {
+        self.copies_per_device = Some(n);
+        self
+    }
+
     /// The settings this builder would build with on this machine, each with its reason.
     pub fn sizing(&self) -> Sizing {
         let mut s = Sizing::for_machine(Machine::probe());
@@ -154,6 +165,9 @@ impl EngineBuilder {
         if let Some(n) = self.page_cache_copies {
             set("page-cache copies", n.to_string());
         }
+        if let Some(n) = self.copies_per_device {
+            set("page-cache copies per GPU", n.to_string());
+        }
         if let Some(w) = self.iowq_workers {
             set(
                 "io_uring workers",
@@ -168,6 +182,11 @@ impl EngineBuilder {
         s.direct_chunk = self.direct_chunk.unwrap_or(s.direct_chunk);
         s.queue_depth = self.queue_depth.unwrap_or(s.queue_depth);
         s.page_cache_copies = self.page_cache_copies.unwrap_or(s.page_cache_copies).max(1);
+        s.copies_per_device = match (self.copies_per_device, self.page_cache_copies) {
+            (Some(n), _) => n.max(1),
+            (None, Some(n)) => n.max(1),
+            (None, None) => s.copies_per_device,
+        };
         s.iowq_workers = match self.iowq_workers {
             Some(0) => None,
             Some(w) => Some(w),
@@ -435,6 +454,7 @@ impl EngineBuilder {
             direct_chunk: sizing.direct_chunk,
             queue_depth: qd,
             page_cache_copies: sizing.page_cache_copies,
+            copies_per_device: sizing.copies_per_device,
             punt_min: self.punt_min,
             residency_min: self
                 .residency_aware

@@ -94,7 +94,7 @@ impl ReadInto<'_> {
 impl ReadInto<'_> {
     /// Reports the bytes this read moves to `progress` (its `done`; the caller plans its
     /// `total`). Call before the first poll.
-    pub fn with_progress(mut self, progress: &Arc<crate::Progress>) -> Self {
+    pub fn with_progress(mut self, progress: &Arc<super::progress::Progress>) -> Self {
         let len = match self.inner.transfer_mut() {
             Either::Host(h) => h.dst.len(),
             #[cfg(feature = "cuda")]

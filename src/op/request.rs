@@ -7,7 +7,7 @@ use super::gate::Gated;
 use crate::error::OpKind;
 use crate::target::Target;
 
-pub(crate) use crate::cuda::DeviceCtx;
+pub(crate) use crate::cuda::{DeviceCtx, device_number};
 
 /// The device a transfer's caller memory lives on (`None`: host memory).
 pub(crate) type DeviceHint = Option<DeviceCtx>;

@@ -67,7 +67,7 @@ impl WriteFrom<'_> {
 impl WriteFrom<'_> {
     /// Reports the bytes this write moves to `progress` (its `done`; the caller plans its
     /// `total`). Call before the first poll.
-    pub fn with_progress(mut self, progress: &Arc<crate::Progress>) -> Self {
+    pub fn with_progress(mut self, progress: &Arc<super::progress::Progress>) -> Self {
         let len = match self.inner.transfer_mut() {
             Either::Host(h) => h.src.len(),
             #[cfg(feature = "cuda")]

@@ -52,6 +52,12 @@ pub const MIN_BOUNCE_BYTES: usize = 128 << 20;
 /// pool is at least four times this many direct pieces: one large read (a checkpoint's data
 /// section, a whole file) then reads at the disk's depth on its own.
 pub const DIRECT_DEPTH_PER_OP: usize = 16;
+/// Page-cache copies per GPU while every open read lands in GPU memory: a GPU's host-to-device
+/// link (≈55 GB/s pinned, H100/H200 hosts) fills at about a dozen concurrent copies of ≈4 GB/s
+/// each. Measured (issue 39, warm 16 MiB reads into one GPU): 12 copies ran best on the 16-core
+/// host and on the 32-core host (48.6–49.8 GB/s there, against 39.8–41.3 with the 24 that
+/// three copies per four cores gave).
+pub const COPIES_PER_DEVICE: usize = 12;
 /// Bounce memory at most this large by default (pinned memory is the machine's to share).
 pub const MAX_BOUNCE_BYTES: usize = 1 << 30;
 
@@ -71,6 +77,9 @@ pub struct Sizing {
     pub queue_depth: usize,
     /// Most buffered reads copied out of the page cache at once (punted to io-wq).
     pub page_cache_copies: usize,
+    /// Most page-cache copies per GPU in use while every open read lands in GPU memory
+    /// (within `page_cache_copies`).
+    pub copies_per_device: usize,
     /// Most io_uring workers copying buffered pieces at once (`IORING_REGISTER_IOWQ_MAX_WORKERS`,
     /// bounded class; `None`: the kernel's own limit).
     pub iowq_workers: Option<u32>,
@@ -138,6 +147,12 @@ impl Sizing {
                  two (more fight over memory bandwidth; measured best on 16 and 32 cores)"
             ),
             format!(
+                "page-cache copies per GPU at most {COPIES_PER_DEVICE} while every open read \
+                 lands in GPU memory: a GPU's host-to-device link fills at about a dozen \
+                 copies (measured best on 16 and 32 cores into one GPU); two GPUs take twice \
+                 as many, within the cap above"
+            ),
+            format!(
                 "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
                  default allows four per CPU)"
             ),
@@ -149,6 +164,7 @@ impl Sizing {
             bounce_bytes,
             queue_depth,
             page_cache_copies,
+            copies_per_device: COPIES_PER_DEVICE,
             iowq_workers: Some(iowq),
             reasons,
         }

@@ -130,6 +130,16 @@ pub(super) struct OpEntry {
     /// Each piece goes direct or buffered by what the page cache holds of it (a buffered
     /// file's large read planned on its O_DIRECT twin's alignment).
     pub(super) residency: bool,
+    /// Whose memory a read's pieces end in, for the per-GPU cap on page-cache copies
+    /// (`sched`); `None` for writes and syncs.
+    pub(super) reader: Option<Reader>,
+}
+
+/// The memory a read lands in: host memory, or a GPU's (by number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reader {
+    Host,
+    Device(u32),
 }
 
 impl OpEntry {
@@ -169,6 +179,7 @@ impl OpEntry {
             owned: None,
             awaited: None,
             residency: false,
+            reader: None,
         }
     }
 

@@ -131,6 +131,9 @@ pub(crate) struct ReactorConfig {
     /// buffered pieces count too (residency-aware reads send large cold ranges O_DIRECT,
     /// which is not counted); the pread backend is not capped.
     pub(crate) page_cache_copies: usize,
+    /// Most page-cache copies per GPU while every open read lands in GPU memory
+    /// (`Reactor::page_cache_cap`).
+    pub(crate) copies_per_device: usize,
     /// Buffered pieces of at least this many bytes go to io-wq (`IOSQE_ASYNC`).
     pub(crate) punt_min: Option<usize>,
     /// Reads of buffered files of at least this many bytes read what the page cache lacks
@@ -169,6 +172,8 @@ pub(crate) struct Reactor {
     /// Ops out of the run queue until a page-cache copy ends, oldest first
     /// (`OpEntry::page_cache_parked`; a key whose op has finished since, or was replaced, is skipped).
     page_cache_parked: VecDeque<usize>,
+    /// Open reads by the memory they land in (`sched::Readers`).
+    readers: sched::Readers,
     /// Ops out of the run queue because of the window (they wait for their slots to return).
     window_blocked_ops: usize,
     /// Most bounce bytes one op may hold, so a leaked future (whose slots are never given
@@ -229,6 +234,7 @@ impl Reactor {
             // The pread pool's threads are its concurrency (and its only way to overlap cold
             // reads): the cap on io_uring's page-cache copies is not for them.
             cfg.page_cache_copies = usize::MAX;
+            cfg.copies_per_device = usize::MAX;
         }
         let arena = engine.arena.clone();
         let op_window = op_window(&arena);
@@ -247,6 +253,7 @@ impl Reactor {
             fenced: VecDeque::new(),
             page_cache_copies_in_flight: 0,
             page_cache_parked: VecDeque::new(),
+            readers: sched::Readers::default(),
             op_window,
             window_blocked_ops: 0,
             cfg,

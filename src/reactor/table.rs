@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use super::Reactor;
+use super::entry::Reader;
 use crate::buf::arena::BounceSlot;
 use crate::error::{Context, Error, OpKind};
 use crate::lane::{Route, RouteAsk, Routed};
@@ -238,6 +239,14 @@ impl Reactor {
         entry.side = side;
         entry.owned = owned;
         entry.residency = residency;
+        if kind == OpKind::Read {
+            let reader = match &device {
+                Some(d) => Reader::Device(crate::op::request::device_number(d)),
+                None => Reader::Host,
+            };
+            entry.reader = Some(reader);
+            self.readers.add(reader);
+        }
         let key = self.ops.insert(entry);
         self.name_op(&shared, key);
         if empty {
@@ -388,6 +397,9 @@ impl Reactor {
             return;
         }
         let mut op = self.ops.remove(key);
+        if let Some(r) = op.reader {
+            self.readers.remove(r);
+        }
         match op.queue {
             Queue::WindowBlocked => self.window_blocked_ops -= 1,
             Queue::Runnable => self.runnable.retain(|&k| k != key),

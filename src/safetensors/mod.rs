@@ -120,7 +120,7 @@ pub struct SafetensorsFile {
     tensors: Vec<FileTensor>,
     metadata: HashMap<String, String>,
     /// Where loads report the bytes they move ([`set_progress`](Self::set_progress)).
-    progress: Option<Arc<crate::Progress>>,
+    progress: Option<Arc<crate::op::progress::Progress>>,
 }
 
 impl SafetensorsFile {
@@ -215,7 +215,7 @@ impl SafetensorsFile {
 
     /// Makes every later load of this file (whole, or across ranks) add the bytes it plans to
     /// `progress`'s total and the bytes it moves to its count; `None` stops reporting.
-    pub fn set_progress(&mut self, progress: Option<Arc<crate::Progress>>) {
+    pub fn set_progress(&mut self, progress: Option<Arc<crate::op::progress::Progress>>) {
         self.progress = progress;
     }
 
@@ -248,7 +248,7 @@ impl SafetensorsFile {
     async fn run<D: ReadDst + ?Sized>(
         plan: &BatchPlan,
         dst: &mut D,
-        progress: Option<&Arc<crate::Progress>>,
+        progress: Option<&Arc<crate::op::progress::Progress>>,
     ) -> Result<()> {
         let done = match progress {
             Some(p) => plan.read_into_with_progress(dst, p).await,
@@ -294,7 +294,7 @@ async fn load_host(
     plan: BatchPlan,
     tensors: Vec<Tensor>,
     path: &Path,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Checkpoint<Vec<u8>>> {
     let mut buf = vec![0u8; plan.dst_len()];
     SafetensorsFile::run(&plan, &mut buf, progress).await?;
@@ -308,7 +308,7 @@ async fn load_device(
     plan: BatchPlan,
     tensors: Vec<Tensor>,
     path: &Path,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Checkpoint<cudarc::driver::CudaSlice<u8>>> {
     let ctx = || {
         Context::op(OpKind::Read)

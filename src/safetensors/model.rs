@@ -33,7 +33,7 @@ pub struct SafetensorsModel {
     /// The index's `metadata`, as strings (`total_size` and the like); empty without an index.
     metadata: HashMap<String, String>,
     /// Where loads report the bytes they move ([`set_progress`](Self::set_progress)).
-    pub(super) progress: Option<Arc<crate::Progress>>,
+    pub(super) progress: Option<Arc<crate::op::progress::Progress>>,
 }
 
 /// What an index file says: each tensor's shard, and the metadata as strings.
@@ -311,7 +311,7 @@ impl SafetensorsModel {
     }
 
     /// As [`SafetensorsFile::set_progress`], for loads of every shard.
-    pub fn set_progress(&mut self, progress: Option<Arc<crate::Progress>>) {
+    pub fn set_progress(&mut self, progress: Option<Arc<crate::op::progress::Progress>>) {
         self.progress = progress;
     }
 

@@ -70,7 +70,7 @@ pub async fn save_file_with_progress(
     tensors: &[SaveTensor<'_>],
     path: impl AsRef<Path>,
     metadata: Option<&HashMap<String, String>>,
-    progress: &Arc<crate::Progress>,
+    progress: &Arc<crate::op::progress::Progress>,
 ) -> Result<u64> {
     save_one(engine, tensors, path.as_ref(), metadata, Some(progress)).await
 }
@@ -80,7 +80,7 @@ async fn save_one(
     tensors: &[SaveTensor<'_>],
     path: &Path,
     metadata: Option<&HashMap<String, String>>,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<u64> {
     let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(path));
     let (header, order) = layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
@@ -200,7 +200,7 @@ async fn write_all(
     tensors: &[SaveTensor<'_>],
     order: &[(usize, u64, u64)],
     data_len: u64,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<()> {
     let create = |direct: bool| {
         OpenOptions::new()
@@ -293,7 +293,7 @@ pub async fn save_sharded_with_progress(
     dir: impl AsRef<Path>,
     max_shard_bytes: u64,
     metadata: Option<&HashMap<String, String>>,
-    progress: &Arc<crate::Progress>,
+    progress: &Arc<crate::op::progress::Progress>,
 ) -> Result<Vec<PathBuf>> {
     save_shards(
         engine,
@@ -312,7 +312,7 @@ async fn save_shards(
     dir: &Path,
     max_shard_bytes: u64,
     metadata: Option<&HashMap<String, String>>,
-    progress: Option<&Arc<crate::Progress>>,
+    progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Vec<PathBuf>> {
     let ctx = || Context::op(OpKind::Write).with_path(&Arc::from(dir));
     if max_shard_bytes == 0 {

@@ -212,7 +212,7 @@ pub(crate) struct Listing<'a> {
     pub(crate) entries: Vec<(&'a File, &'a FileTensor)>,
     pub(crate) path: &'a Path,
     /// Where the loads report the bytes they move.
-    pub(crate) progress: Option<&'a std::sync::Arc<crate::Progress>>,
+    pub(crate) progress: Option<&'a std::sync::Arc<crate::op::progress::Progress>>,
 }
 
 impl Listing<'_> {

@@ -2,6 +2,7 @@
 //! cancellation.
 
 use super::*;
+use crate::reactor::entry::Reader;
 
 /// With two page-cache copies allowed, a large buffered read has at most two pieces in
 /// the lane, a small read behind it (too small to be punted) still starts at once, the
@@ -135,4 +136,68 @@ fn a_free_copy_goes_to_the_next_parked_op() {
     assert_eq!(got, 2 * 64 * K);
     assert_eq!(third.peek_result(), Some(Ok(2 * 64 * K as u64)));
     assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
+}
+
+/// Makes op `key` a read into GPU `gpu` (the fake has no CUDA context to name one).
+fn read_into_gpu(h: &mut Harness, key: usize, gpu: u32) {
+    let old = h.reactor.ops[key].reader.take().expect("a read");
+    h.reactor.readers.remove(old);
+    h.reactor.readers.add(Reader::Device(gpu));
+    h.reactor.ops[key].reader = Some(Reader::Device(gpu));
+}
+
+/// Where every open read lands in GPU memory, the cap is `copies_per_device` per GPU in use
+/// (within the machine's cap); a host read open beside them restores the machine's cap; the
+/// counts go back to nothing as the reads finish.
+#[test]
+fn reads_into_gpus_get_copies_per_gpu_in_use() {
+    let mut h = harness(64 * K, 64, 64 * K, 64);
+    h.reactor.cfg.punt_min = Some(64 * K);
+    // Accept three reads with no copy free, then say where each lands.
+    h.reactor.cfg.page_cache_copies = 0;
+    let file = Arc::new(Target::fake(1));
+    let a = h.read(&file, 0, 8 * 64 * K as u64);
+    let b = h.read(&file, 1 << 20, 8 * 64 * K as u64);
+    h.turn();
+    assert!(h.pending().is_empty());
+    let keys: Vec<usize> = h.reactor.ops.iter().map(|(k, _)| k).collect();
+    assert_eq!(keys.len(), 2);
+    for &k in &keys {
+        read_into_gpu(&mut h, k, 0);
+    }
+    h.reactor.cfg.page_cache_copies = 4;
+    h.reactor.cfg.copies_per_device = 1;
+    assert_eq!(h.reactor.page_cache_cap(), 1, "one GPU in use");
+    h.turn();
+    assert_eq!(h.pending().len(), 1, "one copy for the one GPU");
+    read_into_gpu(&mut h, keys[1], 1);
+    assert_eq!(h.reactor.page_cache_cap(), 2, "two GPUs in use");
+    h.turn();
+    assert_eq!(h.pending().len(), 2, "a copy per GPU");
+    // A host read beside them: the machine's cap.
+    let c = h.read(&file, 2 << 20, 4 * 64 * K as u64);
+    h.turn();
+    assert_eq!(h.reactor.page_cache_cap(), 4);
+    assert!(h.pending().len() <= 4);
+    let (mut got_a, mut got_b, mut got_c) = (0, 0, 0);
+    for _ in 0..64 {
+        h.complete_all();
+        h.turn();
+        got_a += h.take_read(&a);
+        got_b += h.take_read(&b);
+        got_c += h.take_read(&c);
+        h.turn();
+        assert!(h.pending().len() <= h.reactor.page_cache_cap().max(1));
+        if [&a, &b, &c].iter().all(|o| o.peek_result().is_some()) {
+            break;
+        }
+    }
+    assert_eq!((got_a, got_b, got_c), (8 * 64 * K, 8 * 64 * K, 4 * 64 * K));
+    assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
+    assert_eq!(
+        h.reactor.page_cache_cap(),
+        4,
+        "no reads open: the machine's cap"
+    );
+    assert!(h.reactor.readers.is_empty());
 }
