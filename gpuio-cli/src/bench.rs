@@ -569,7 +569,8 @@ async fn measure(
     };
     outln!(
         "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
-         lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB), backend {served_by}{fast}",
+         lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB, {:.2} CPU s per million \
+         requests), backend {served_by}{fast}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
         a.rw,
@@ -582,6 +583,7 @@ async fn measure(
         pct(0.99),
         cpu / secs,
         cpu / (all.bytes as f64 / 1e9).max(1e-9),
+        cpu / (all.ops as f64 / 1e6).max(1e-9),
     )?;
     let per_gpu_gbps: Vec<f64> = per_gpu.iter().map(|&b| b as f64 / secs / 1e9).collect();
     if per_gpu.len() > 1 {
@@ -607,6 +609,7 @@ async fn measure(
         lat_p99_us: pct(0.99),
         cpu_cores: cpu / secs,
         cpu_s_per_gb: cpu / (all.bytes as f64 / 1e9).max(1e-9),
+        cpu_s_per_mreq: cpu / (all.ops as f64 / 1e6).max(1e-9),
         backend: served_by.clone(),
         backend_requested: backend.to_string(),
         backend_detail: engine.backend().detail.clone(),

@@ -32,9 +32,11 @@ pub(super) struct PointJson {
     pub ops: u64,
     pub lat_p50_us: u64,
     pub lat_p99_us: u64,
-    /// CPU cores the process kept busy, and CPU seconds per GB moved.
+    /// CPU cores the process kept busy, CPU seconds per GB moved, and CPU seconds per
+    /// million requests (what small reads cost).
     pub cpu_cores: f64,
     pub cpu_s_per_gb: f64,
+    pub cpu_s_per_mreq: f64,
     /// The path that served the point (`io_uring`, `cufile-compat`, `io_uring+bounce`, ...).
     pub backend: String,
     /// What --backend asked for.
@@ -134,9 +136,11 @@ impl PeerFields {
 pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: usize) -> CliResult {
     for (i, p) in peers.iter().enumerate() {
         let name = p.peer;
-        let per_gb = |cores: f64, gbps: f64| {
-            if gbps > 0.0 {
-                format!("{:.3}", cores / gbps)
+        // CPU seconds per unit moved: cores divided by the rate (GB/s, or millions of
+        // requests a second).
+        let per_unit = |cores: f64, rate: f64| {
+            if rate > 0.0 {
+                format!("{:.3}", cores / rate)
             } else {
                 "-".to_string()
             }
@@ -144,7 +148,8 @@ pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: u
         outln!(
             "  vs {name} (medians of {rounds}{}): gpuio {:.3} GB/s {:.0} IOPS, {name} \
              {:.3} GB/s {:.0} IOPS: gpuio/{name} {:.2} (GB/s), {:.2} (IOPS); \
-             CPU cores gpuio {:.2}, {name} {}; CPU s/GB gpuio {}, {name} {}",
+             CPU cores gpuio {:.2}, {name} {}; CPU s/GB gpuio {}, {name} {}; \
+             CPU s per million requests gpuio {}, {name} {}",
             p.detail
                 .as_ref()
                 .map_or_else(String::new, |d| format!(", {d}")),
@@ -157,9 +162,12 @@ pub(super) fn against_peers(m: &mut PointOutput, peers: &[PeerResult], rounds: u
             m.result.cores,
             p.cores
                 .map_or_else(|| "-".to_string(), |c| format!("{c:.2}")),
-            per_gb(m.result.cores, m.result.gbps),
+            per_unit(m.result.cores, m.result.gbps),
             p.cores
-                .map_or_else(|| "-".to_string(), |c| per_gb(c, p.gbps)),
+                .map_or_else(|| "-".to_string(), |c| per_unit(c, p.gbps)),
+            per_unit(m.result.cores, m.result.iops / 1e6),
+            p.cores
+                .map_or_else(|| "-".to_string(), |c| per_unit(c, p.iops / 1e6)),
         )?;
         let ratios = Ratios {
             gbps: m.result.gbps / p.gbps,
@@ -252,6 +260,7 @@ mod tests {
             lat_p99_us: 2,
             cpu_cores: 1.0,
             cpu_s_per_gb: 1.0,
+            cpu_s_per_mreq: 1.0,
             backend: "io_uring".into(),
             backend_requested: "auto".into(),
             backend_detail: String::new(),
@@ -292,6 +301,7 @@ mod tests {
             "cached_share",
             "cpu_cores",
             "cpu_s_per_gb",
+            "cpu_s_per_mreq",
             "direct",
             "file",
             "gbps",
