@@ -147,7 +147,8 @@ cat > "$OUT/agents.sh" <<'RUN'
 # Runs gpuio's agents next to NIXL 1.5.1's UCX backend on this machine:
 #   1. the agent tests (tests/test-agent, tests/test-agent_procs), `gpuio check`, the agents
 #      example, pytest on py/tests/test_agent.py and py/examples/agents.py;
-#   2. the copy ceilings (torch dst.copy_(src), 1 GiB: GPU1->GPU0, GPU0->GPU0, pinned host->GPU0);
+#   2. the copy ceilings (torch dst.copy_(src), 1 GiB: GPU1->GPU0, GPU0->GPU1, GPU0->GPU0,
+#      pinned host->GPU0);
 #   3. a table: `gpuio xfer --json` and `python3 nixl_xfer.py --json`, same case, alternating,
 #      ROUNDS times each (default 3), for --procs 1 and 2, READ and WRITE; notification latency.
 # Writes $OUT (default DIR/out): logs, xfer.jsonl (one record per run), xfer.md (the table).
@@ -240,7 +241,9 @@ def rate(dst, src, reps=5):
 g0 = torch.empty(B, dtype=torch.uint8, device="cuda:0")
 cases = [("GPU0->GPU0", lambda: (torch.empty(B, dtype=torch.uint8, device="cuda:0"), g0))]
 if n >= 2:
+    # Both directions: a READ pulls GPU1->GPU0 (initiator on GPU 0), a WRITE pushes GPU0->GPU1.
     cases.insert(0, ("GPU1->GPU0", lambda: (g0, torch.ones(B, dtype=torch.uint8, device="cuda:1"))))
+    cases.insert(1, ("GPU0->GPU1", lambda: (torch.empty(B, dtype=torch.uint8, device="cuda:1"), g0)))
 cases.append(("pinned host->GPU0", lambda: (g0, torch.ones(B, dtype=torch.uint8).pin_memory())))
 for name, make in cases:
     try:
