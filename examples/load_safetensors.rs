@@ -43,12 +43,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .and_then(|i| args.get(i + 1))
     };
     let gpus: usize = flag("--gpus").map_or(Ok(1), |v| v.parse())?;
-    let replicas = match flag("--replicas").map(String::as_str) {
-        None | Some("auto") => Replicas::Auto,
-        Some("once") => Replicas::ReadOnce,
-        Some("each") => Replicas::ReadEach,
-        Some(other) => return Err(format!("--replicas {other}: use once, each or auto").into()),
-    };
+    let replicas: Replicas = flag("--replicas")
+        .map_or(Ok(Replicas::Auto), |v| v.parse())
+        .map_err(|e| format!("--replicas {e}"))?;
     // The stream the copies are queued on: a new one (default), or the context's default
     // stream, as `gpuio load` and torch use.
     let default_stream = match flag("--stream").map(String::as_str) {

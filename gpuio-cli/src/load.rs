@@ -36,7 +36,7 @@ pub struct LoadArgs {
     /// How tensors every rank holds whole reach the ranks' GPUs: auto (read once and copied
     /// GPU to GPU where the GPUs reach each other directly), once, or each (every rank reads
     /// them from the file).
-    #[arg(long, default_value = "auto", value_parser = parse_replicate_by)]
+    #[arg(long, default_value = "auto", value_parser = str::parse::<Replicas>)]
     replicate_by: Replicas,
     /// Compare every loaded tensor with the file's bytes read by std::fs.
     #[arg(long)]
@@ -68,8 +68,8 @@ pub async fn run(a: LoadArgs) -> CliResult {
     }
     // Ranks and how each tensor reaches them: split (--tp) or whole (--replicas).
     let ranks = match (a.tp, a.replicas) {
-        (Some(n), _) => Some((n, tp_rule(), "ranks")),
-        (None, Some(n)) => Some((n, replicate_rule(), "replicas")),
+        (Some(n), _) => Some((n, tp_rule as Rule, "ranks")),
+        (None, Some(n)) => Some((n, replicate_rule as Rule, "replicas")),
         (None, None) => None,
     };
     let engine = Engine::new()?;
@@ -168,28 +168,17 @@ fn reset_peak_rss() {
 type Rule = fn(&FileTensor, usize) -> Option<Shard>;
 
 /// The `--tp` rule: split along dimension 0 where it divides evenly, else replicate.
-fn tp_rule() -> Rule {
-    |t: &FileTensor, ranks: usize| {
-        if t.shape.len() >= 2 && t.shape[0] % ranks == 0 {
-            Some(Shard::Split(0))
-        } else {
-            Some(Shard::Replicate)
-        }
+fn tp_rule(t: &FileTensor, ranks: usize) -> Option<Shard> {
+    if t.shape.len() >= 2 && t.shape[0] % ranks == 0 {
+        Some(Shard::Split(0))
+    } else {
+        Some(Shard::Replicate)
     }
 }
 
 /// The `--replicas` rule: every tensor whole on every rank.
-fn replicate_rule() -> Rule {
-    |_: &FileTensor, _: usize| Some(Shard::Replicate)
-}
-
-fn parse_replicate_by(s: &str) -> Result<Replicas, String> {
-    match s {
-        "auto" => Ok(Replicas::Auto),
-        "once" => Ok(Replicas::ReadOnce),
-        "each" => Ok(Replicas::ReadEach),
-        _ => Err(format!("{s:?}: want auto, once or each")),
-    }
+fn replicate_rule(_: &FileTensor, _: usize) -> Option<Shard> {
+    Some(Shard::Replicate)
 }
 
 /// A progress bar on stderr, redrawn ten times a second from its own thread until dropped

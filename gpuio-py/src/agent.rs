@@ -46,11 +46,6 @@ fn xfer_op(py: Python<'_>, s: &str) -> PyResult<XferOp> {
     s.parse().map_err(|e: String| invalid(py, e))
 }
 
-/// The path's short name, as errors name it (`via memcpy`).
-fn path_name(p: XferPath) -> &'static str {
-    p.backend()
-}
-
 fn indices(py: Python<'_>, side: &str, v: Vec<i128>) -> PyResult<Vec<usize>> {
     v.into_iter()
         .map(|i| int_arg(py, &format!("{side} index"), i))
@@ -463,7 +458,7 @@ impl XferRequest {
     /// another process or host).
     #[getter]
     fn path(&self) -> &'static str {
-        path_name(self.path)
+        self.path.backend()
     }
 
     /// The path in words.
@@ -496,7 +491,7 @@ impl XferRequest {
             self.descs,
             self.bytes,
             self.peer,
-            path_name(self.path)
+            self.path.backend()
         )
     }
 }

@@ -75,10 +75,10 @@ pub fn block<T: Send>(py: Python<'_>, fut: impl Future<Output = T> + Send) -> T 
     exit::detach(py, || futures::executor::block_on(fut))
 }
 
-/// How often [`block_reporting`] hands the thread back to Python for a progress callback.
+/// How often [`block_with_progress`] hands the thread back to Python for a progress callback.
 const REPORT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// Wakes a thread parked in [`block_reporting`].
+/// Wakes a thread parked in [`block_with_progress`].
 struct Unpark(std::thread::Thread);
 
 impl std::task::Wake for Unpark {
@@ -90,15 +90,19 @@ impl std::task::Wake for Unpark {
     }
 }
 
-/// [`block`], calling `report` with the GIL held every [`REPORT_EVERY`] while `fut` runs and
-/// once when it has finished. An error from `report` (a progress callback that raised) drops
-/// `fut` — cancelling it as dropping any gpuio future does: nothing is written afterwards —
-/// and is returned.
-pub fn block_reporting<T: Send, F: Future<Output = T> + Send>(
+/// [`block`], and where `callback` is given, `callback(done, total)` from `counter` with the
+/// GIL held every [`REPORT_EVERY`] while `fut` runs and once when it has finished. An error
+/// from the callback drops `fut` before it returns (cancelling it as dropping any gpuio future
+/// does: nothing is written into the caller's memory afterwards) and is raised.
+pub fn block_with_progress<T: Send, F: Future<Output = T> + Send>(
     py: Python<'_>,
     fut: F,
-    mut report: impl FnMut(Python<'_>) -> PyResult<()>,
+    counter: &Arc<gpuio::Progress>,
+    callback: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<T> {
+    let Some(callback) = callback else {
+        return Ok(block(py, fut));
+    };
     let mut fut = std::pin::pin!(fut);
     loop {
         let out = exit::detach(py, || {
@@ -116,22 +120,10 @@ pub fn block_reporting<T: Send, F: Future<Output = T> + Send>(
                 std::thread::park_timeout(until - now);
             }
         });
-        report(py)?;
+        callback.call1((counter.done(), counter.total()))?;
         if let Some(v) = out {
             return Ok(v);
         }
-    }
-}
-
-/// `callback(done, total)` from `progress`'s count, for [`block_reporting`].
-pub fn progress_reporter<'py>(
-    callback: &'py Bound<'py, PyAny>,
-    progress: &'py Arc<gpuio::Progress>,
-) -> impl FnMut(Python<'_>) -> PyResult<()> + 'py {
-    move |_| {
-        callback
-            .call1((progress.done(), progress.total()))
-            .map(drop)
     }
 }
 

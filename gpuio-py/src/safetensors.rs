@@ -14,7 +14,7 @@ use crate::context::KeepCurrentContext;
 use crate::errors::{int_arg, to_py};
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
-use crate::runner::{block, block_reporting, progress_reporter, spawn};
+use crate::runner::{block, block_with_progress, spawn};
 
 /// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
 type TensorRow = (String, String, Vec<usize>, u64, u64);
@@ -243,20 +243,6 @@ async fn load(
     done.exact(plan.descs())
 }
 
-/// Runs `fut` as [`block`] does, calling `progress(done, total)` about every 100 ms and at
-/// the end where a callback is given.
-fn block_loading<T: Send>(
-    py: Python<'_>,
-    fut: impl std::future::Future<Output = T> + Send,
-    counter: &Arc<gpuio::Progress>,
-    progress: Option<&Bound<'_, PyAny>>,
-) -> PyResult<T> {
-    match progress {
-        None => Ok(block(py, fut)),
-        Some(cb) => block_reporting(py, fut, progress_reporter(cb, counter)),
-    }
-}
-
 /// Runs every plan into its destination at once (``plans[i]`` into ``dsts[i]``, ordered on
 /// ``streams[i]`` where given), releasing the GIL once for all of them; returns the bytes
 /// each read. Each destination is checked before anything is read. The first error raises,
@@ -293,7 +279,7 @@ pub fn read_plans(
         ));
     }
     let all = futures::future::join_all(loads);
-    block_loading(py, all, &counter, progress.as_ref())?
+    block_with_progress(py, all, &counter, progress.as_ref())?
         .into_iter()
         .map(|r| r.map_err(to_py))
         .collect()
@@ -340,7 +326,7 @@ impl LoadPlan {
         let mem = self.memory(dst, stream)?;
         let counter = gpuio::Progress::new();
         let read = load(self.plan.clone(), mem, counter.clone());
-        block_loading(py, read, &counter, progress)?.map_err(to_py)
+        block_with_progress(py, read, &counter, progress)?.map_err(to_py)
     }
 
     /// ``read_into`` as an awaitable (see ``File.aread_into``).

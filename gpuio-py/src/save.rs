@@ -12,7 +12,7 @@ use crate::context::KeepCurrentContext;
 use crate::errors::to_py;
 use crate::file::Engine;
 use crate::memory::{Access, Memory, extract};
-use crate::runner::{block, block_reporting, progress_reporter};
+use crate::runner::block_with_progress;
 
 /// A tensor's bytes as a source the library writes from.
 enum Src<'a> {
@@ -95,9 +95,5 @@ pub fn save_safetensors(
             Some(max) => save_sharded_with_progress(&engine, &list, &path, max, meta, &count).await,
         }
     };
-    match &progress {
-        None => block(py, save),
-        Some(cb) => block_reporting(py, save, progress_reporter(cb, &counter))?,
-    }
-    .map_err(to_py)
+    block_with_progress(py, save, &counter, progress.as_ref())?.map_err(to_py)
 }

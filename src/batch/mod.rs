@@ -243,7 +243,7 @@ impl BatchPlan {
     }
 
     #[allow(clippy::manual_async_fn)]
-    fn read_into_tracked<'a, D: ReadDst + ?Sized>(
+    pub(crate) fn read_into_tracked<'a, D: ReadDst + ?Sized>(
         &'a self,
         dst: &'a mut D,
         progress: Option<&'a Arc<Progress>>,

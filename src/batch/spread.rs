@@ -174,10 +174,7 @@ impl SpreadPlan {
             .parts
             .iter()
             .zip(dsts.iter_mut())
-            .map(|(part, dst)| match progress {
-                Some(p) => futures::future::Either::Left(part.read_into_with_progress(dst, p)),
-                None => futures::future::Either::Right(part.read_into(dst)),
-            });
+            .map(|(part, dst)| part.read_into_tracked(dst, progress));
         for (done, part) in futures::future::join_all(runs)
             .await
             .into_iter()

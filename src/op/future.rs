@@ -115,6 +115,13 @@ impl<T: Transfer> OpFuture<T> {
         }
     }
 
+    /// Counts what the pieces did not of an op that ended with `r`.
+    fn count_result(&mut self, r: &Result<u64>) {
+        if let (Some(p), Ok(moved)) = (&mut self.progress, r) {
+            p.finish(*moved);
+        }
+    }
+
     /// The transfer, to adjust before the first poll or to read back after the result.
     pub(crate) fn transfer_mut(&mut self) -> &mut T {
         &mut self.transfer
@@ -227,9 +234,7 @@ impl<T: Transfer> Future for OpFuture<T> {
                 let OpState::Ready(r) = std::mem::replace(&mut this.state, OpState::Done) else {
                     unreachable!()
                 };
-                if let (Some(p), Ok(moved)) = (&mut this.progress, &r) {
-                    p.finish(*moved);
-                }
+                this.count_result(&r);
                 return Poll::Ready(r);
             }
             OpState::Done => {
@@ -271,9 +276,7 @@ impl<T: Transfer> Future for OpFuture<T> {
                 }
             }
             if let Some(r) = result {
-                if let (Some(p), Ok(moved)) = (&mut this.progress, &r) {
-                    p.finish(*moved);
-                }
+                this.count_result(&r);
                 this.transfer.finish(&shared);
                 this.state = OpState::Done;
                 return Poll::Ready(r);

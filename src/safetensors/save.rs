@@ -72,7 +72,13 @@ pub async fn save_file_with_progress(
     metadata: Option<&HashMap<String, String>>,
     progress: &Arc<crate::op::progress::Progress>,
 ) -> Result<u64> {
+    progress.add_total(data_bytes(tensors));
     save_one(engine, tensors, path.as_ref(), metadata, Some(progress)).await
+}
+
+/// The tensors' data bytes: what a save writes besides the header.
+fn data_bytes(tensors: &[SaveTensor<'_>]) -> u64 {
+    tensors.iter().map(|t| t.data.source().len() as u64).sum()
 }
 
 async fn save_one(
@@ -88,9 +94,6 @@ async fn save_one(
     let total = header.len() as u64 + data_len;
     let tmp = TempFile(Some(temp_name(path)));
     let tmp_path = tmp.0.as_deref().unwrap_or(path);
-    if let Some(p) = progress {
-        p.add_total(data_len);
-    }
     write_all(
         engine, tmp_path, &header, tensors, &order, data_len, progress,
     )
@@ -285,8 +288,8 @@ pub async fn save_sharded(
     .await
 }
 
-/// [`save_sharded`], reporting to `progress` as [`save_file_with_progress`] does: the total
-/// grows shard by shard as each starts.
+/// [`save_sharded`], reporting to `progress` as [`save_file_with_progress`] does (every
+/// shard's bytes are in the total from the start).
 pub async fn save_sharded_with_progress(
     engine: &Engine,
     tensors: &[SaveTensor<'_>],
@@ -320,6 +323,9 @@ async fn save_shards(
     }
     // Checked as a whole first: nothing is written for bad input.
     layout(tensors, metadata).map_err(|why| Error::invalid(ctx(), why))?;
+    if let Some(p) = progress {
+        p.add_total(data_bytes(tensors));
+    }
     let mut shards: Vec<Vec<SaveTensor<'_>>> = Vec::new();
     let mut room = 0u64;
     for t in tensors {
@@ -348,7 +354,7 @@ async fn save_shards(
         }
         written.push(path);
     }
-    let total: u64 = tensors.iter().map(|t| t.data.source().len() as u64).sum();
+    let total = data_bytes(tensors);
     let index = serde_json::json!({
         "metadata": { "total_size": total },
         "weight_map": weight_map,

@@ -150,6 +150,20 @@ pub enum Replicas {
     ReadEach,
 }
 
+impl std::str::FromStr for Replicas {
+    type Err = String;
+
+    /// `auto`, `once` or `each`, as the CLI and the examples spell them.
+    fn from_str(s: &str) -> std::result::Result<Replicas, String> {
+        match s {
+            "auto" => Ok(Replicas::Auto),
+            "once" => Ok(Replicas::ReadOnce),
+            "each" => Ok(Replicas::ReadEach),
+            _ => Err(format!("{s:?}: want auto, once or each")),
+        }
+    }
+}
+
 /// A replicated shard that rank `to` receives by copy from rank `from`'s buffer rather than
 /// by reading the file ([`SafetensorsFile::plan_shards_read_once`]). Offsets are bytes in the
 /// ranks' buffers; adjacent shards with the same two ranks are one copy.

@@ -36,16 +36,6 @@ pub(crate) fn ptr_is_err(p: StatusPtr) -> bool {
     (p as usize) >= (sys::UCS_ERR_LAST as usize)
 }
 
-/// UCX settings gpuio changes from UCX's defaults, each only where the environment does not set
-/// it (`UCX_<name>` wins).
-///
-/// `RNDV_THRESH=inf`: gpuio sends only small active messages (notifications), so rendezvous
-/// buys it nothing, and with rendezvous enabled UCX (1.16 and later) asks for memory
-/// invalidation from every high-bandwidth lane of an endpoint with peer-failure handling. CMA
-/// has none, so host memory between two processes fell back to get/put emulated over TCP
-/// (0.56 GB/s for 64 x 16 MiB on this machine with UCX 1.22, 3.09 GB/s with the setting).
-const CONFIG_DEFAULTS: [(&CStr, &CStr); 1] = [(c"RNDV_THRESH", c"inf")];
-
 /// `UCS_PTR_IS_PTR`: neither `NULL` (`UCS_OK`) nor an error code.
 pub(crate) fn ptr_is_ptr(p: StatusPtr) -> bool {
     (p as usize).wrapping_sub(1) < (sys::UCS_ERR_LAST as usize).wrapping_sub(1)
@@ -82,6 +72,16 @@ pub(crate) struct UcxLib {
 pub(crate) const MIN_VERSION: (u32, u32) = (1, 13);
 /// The API version gpuio asks `ucp_init_version` for.
 const API_VERSION: (c_uint, c_uint) = (1, 13);
+
+/// UCX settings gpuio changes from UCX's defaults, each only where the environment does not set
+/// it (`UCX_<name>` wins).
+///
+/// `RNDV_THRESH=inf`: gpuio sends only small active messages (notifications), so rendezvous
+/// buys it nothing, and with rendezvous enabled UCX (1.16 and later) asks for memory
+/// invalidation from every high-bandwidth lane of an endpoint with peer-failure handling. CMA
+/// has none, so host memory between two processes fell back to get/put emulated over TCP
+/// (0.56 GB/s for 64 x 16 MiB on this machine with UCX 1.22, 3.09 GB/s with the setting).
+const CONFIG_DEFAULTS: [(&CStr, &CStr); 1] = [(c"RNDV_THRESH", c"inf")];
 
 impl UcxLib {
     /// Loads the library (see [`sys::load`]) and refuses versions older than
