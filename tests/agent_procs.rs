@@ -176,6 +176,7 @@ fn parent_with(e: &Engine, direct: bool) -> Agent {
     let cfg = AgentConfig {
         ucx: UcxMode::Required,
         same_host_ipc: direct,
+        ..AgentConfig::default()
     };
     Agent::with_config(e, "parent", cfg).unwrap()
 }
@@ -362,6 +363,87 @@ fn device_memory_across_processes_on_one_host() {
     assert_eq!(n.msg, b"hello");
     let n = me.wait_notification(Duration::from_secs(10)).unwrap();
     assert_eq!(n.msg, b"ping");
+    peer.stop();
+    drop(mine);
+}
+
+/// Splits a one-descriptor list into `n` equal pieces, in reverse order when `reverse`.
+fn pieces(list: &DescList, n: u64, reverse: bool) -> DescList {
+    let d = list.descs[0];
+    let step = d.len / n;
+    let mut v: Vec<_> = (0..n)
+        .map(|i| gpuio::agent::Desc::new(d.addr + i * step, step, d.dev))
+        .collect();
+    if reverse {
+        v.reverse();
+    }
+    DescList::new(list.mem, v)
+}
+
+/// Local device memory over UCX staged through host memory (what a UCX without CUDA support
+/// gets, forced here with `stage_device_memory`): READ and WRITE in four descriptors mapped
+/// in reverse order, the notification after the data, and the device bytes checked.
+#[test]
+fn device_memory_staged_through_host_over_ucx() {
+    if ucx_or_skip().is_none() {
+        return;
+    }
+    if !gpuio::cuda::available() {
+        println!("SKIPPED: no CUDA device here");
+        return;
+    }
+    let e = Engine::new().unwrap();
+    let cfg = AgentConfig {
+        ucx: UcxMode::Required,
+        same_host_ipc: false,
+        stage_device_memory: true,
+    };
+    let me = Agent::with_config(&e, "parent", cfg).unwrap();
+    let peer = Peer::start("target", 31, &me);
+    let mine = me
+        .register(gpuio::agent::DeviceBuffer::new(0, SIZE).unwrap())
+        .unwrap();
+    let (local, remote) = (
+        pieces(&mine.descs(), 4, false),
+        pieces(&peer.descs, 4, true),
+    );
+    let read = me
+        .request(XferOp::Read, &local, &peer.name, &remote, None)
+        .unwrap();
+    assert_eq!(read.path(), XferPath::UcxStaged);
+    read.post().unwrap().wait().unwrap();
+    let got = mine.release_blocking();
+    let want: Vec<u8> = pattern(SIZE, 31)
+        .chunks(SIZE / 4)
+        .rev()
+        .flatten()
+        .copied()
+        .collect();
+    assert!(got.to_vec().unwrap() == want, "staged READ misplaced bytes");
+    // WRITE the peer's own pattern back through the same reversed mapping: its memory then
+    // holds pattern 31 again only if every piece went where it should.
+    got.write(&want).unwrap();
+    let mine = me.register(got).unwrap();
+    let (local, remote) = (
+        pieces(&mine.descs(), 4, false),
+        pieces(&peer.descs, 4, true),
+    );
+    let write = me
+        .request(
+            XferOp::Write,
+            &local,
+            &peer.name,
+            &remote,
+            Some(b"written:31"),
+        )
+        .unwrap();
+    assert_eq!(write.path(), XferPath::UcxStaged);
+    write.post().unwrap().wait().unwrap();
+    let answer = me.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(
+        answer.msg, b"landed",
+        "the staged WRITE's bytes or order are wrong"
+    );
     peer.stop();
     drop(mine);
 }

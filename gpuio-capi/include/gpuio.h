@@ -77,6 +77,10 @@
 // rather than CUDA IPC.
 #define GPUIO_AGENT_NO_IPC 4
 
+// `gpuio_agent_create` flag: device memory moved over UCX passes through host memory even
+// where UCX could move it itself (a UCX without CUDA support always stages it).
+#define GPUIO_AGENT_STAGE_DEVICE 8
+
 // `gpuio_xfer_create` operation: from the remote descriptors into the local ones.
 #define GPUIO_XFER_READ 0
 
@@ -308,7 +312,7 @@ const char *gpuio_version(void);
 // Creates an agent named `name` (NUL-terminated UTF-8, not empty: what peers call it) on
 // `engine` and stores its handle in `*out`. `flags`: 0, or `GPUIO_AGENT_UCX_OFF` (peers in
 // this process only) or `GPUIO_AGENT_UCX_REQUIRED` (fail without UCX), or-ed with
-// `GPUIO_AGENT_NO_IPC`. Without a UCX flag, peers in other processes are reached through UCX
+// `GPUIO_AGENT_NO_IPC` and `GPUIO_AGENT_STAGE_DEVICE`. Without a UCX flag, peers in other processes are reached through UCX
 // where it loads (run time; nothing to link). Two agents in one process need no UCX: their
 // transfers are straight copies. Free agents before their engine.
 //

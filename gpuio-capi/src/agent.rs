@@ -20,8 +20,8 @@ use crate::registry::Registry;
 use crate::status::{Failure, gpuio_status, guard};
 use crate::text::{bytes_out, c_bytes, c_str};
 use crate::{
-    GPUIO_AGENT_NO_IPC, GPUIO_AGENT_UCX_OFF, GPUIO_AGENT_UCX_REQUIRED, GPUIO_MEMORY_DEVICE,
-    GPUIO_MEMORY_HOST,
+    GPUIO_AGENT_NO_IPC, GPUIO_AGENT_STAGE_DEVICE, GPUIO_AGENT_UCX_OFF, GPUIO_AGENT_UCX_REQUIRED,
+    GPUIO_MEMORY_DEVICE, GPUIO_MEMORY_HOST,
 };
 
 /// An agent: a name, registrations, peers, transfers and notifications. Opaque;
@@ -143,7 +143,7 @@ pub(crate) unsafe fn hand_out<H>(out: *mut *mut H, token: u64) {
 /// Creates an agent named `name` (NUL-terminated UTF-8, not empty: what peers call it) on
 /// `engine` and stores its handle in `*out`. `flags`: 0, or `GPUIO_AGENT_UCX_OFF` (peers in
 /// this process only) or `GPUIO_AGENT_UCX_REQUIRED` (fail without UCX), or-ed with
-/// `GPUIO_AGENT_NO_IPC`. Without a UCX flag, peers in other processes are reached through UCX
+/// `GPUIO_AGENT_NO_IPC` and `GPUIO_AGENT_STAGE_DEVICE`. Without a UCX flag, peers in other processes are reached through UCX
 /// where it loads (run time; nothing to link). Two agents in one process need no UCX: their
 /// transfers are straight copies. Free agents before their engine.
 ///
@@ -165,7 +165,10 @@ pub unsafe extern "C" fn gpuio_agent_create(
         let engine = ENGINES.get(engine)?;
         // SAFETY: forwarded from this function's contract; the text is copied below.
         let name = unsafe { c_str(name, "gpuio_agent_create: name") }?;
-        let all = GPUIO_AGENT_UCX_OFF | GPUIO_AGENT_UCX_REQUIRED | GPUIO_AGENT_NO_IPC;
+        let all = GPUIO_AGENT_UCX_OFF
+            | GPUIO_AGENT_UCX_REQUIRED
+            | GPUIO_AGENT_NO_IPC
+            | GPUIO_AGENT_STAGE_DEVICE;
         if flags & !all != 0 {
             return Err(Failure::invalid(format!(
                 "gpuio_agent_create {name:?}: unknown flag bits {:#x} (GPUIO_AGENT_UCX_OFF, \
@@ -190,6 +193,7 @@ pub unsafe extern "C" fn gpuio_agent_create(
         let config = AgentConfig {
             ucx,
             same_host_ipc: flags & GPUIO_AGENT_NO_IPC == 0,
+            stage_device_memory: flags & GPUIO_AGENT_STAGE_DEVICE != 0,
         };
         let agent = Agent::with_config(&engine.engine, name, config)?;
         let token = AGENTS.insert(Arc::new(AgentHandle {

@@ -31,7 +31,7 @@
 //! WRITE transfers between descriptor lists, notifications that arrive after the data) as
 //! handles; `tests/c/agent.c` uses every call.
 //! - `gpuio_agent_create(engine, name, flags, &agent)`: `GPUIO_AGENT_UCX_OFF` (peers in this
-//!   process only), `GPUIO_AGENT_UCX_REQUIRED`, `GPUIO_AGENT_NO_IPC`; without a UCX flag,
+//!   process only), `GPUIO_AGENT_UCX_REQUIRED`, `GPUIO_AGENT_NO_IPC`, `GPUIO_AGENT_STAGE_DEVICE`; without a UCX flag,
 //!   peers in other processes are reached through UCX where it loads. Two agents in one
 //!   process copy straight between each other's memory. `gpuio_agent_free` deregisters what
 //!   is left first.
@@ -106,6 +106,9 @@ pub const GPUIO_AGENT_UCX_REQUIRED: u32 = 2;
 /// `gpuio_agent_create` flag: reach device memory of a peer process on this host through UCX
 /// rather than CUDA IPC.
 pub const GPUIO_AGENT_NO_IPC: u32 = 4;
+/// `gpuio_agent_create` flag: device memory moved over UCX passes through host memory even
+/// where UCX could move it itself (a UCX without CUDA support always stages it).
+pub const GPUIO_AGENT_STAGE_DEVICE: u32 = 8;
 
 /// `gpuio_xfer_create` operation: from the remote descriptors into the local ones.
 pub const GPUIO_XFER_READ: u32 = 0;

@@ -49,6 +49,9 @@ pub struct XferArgs {
     /// Reach a peer process's device memory through UCX instead of CUDA IPC.
     #[arg(long)]
     no_ipc: bool,
+    /// Device memory over UCX passes through host memory (as with a UCX without CUDA).
+    #[arg(long)]
+    stage: bool,
     /// One JSON object per result line as well.
     #[arg(long)]
     json: bool,
@@ -174,6 +177,7 @@ pub async fn run(a: XferArgs) -> CliResult {
     let bytes = a.size.0 as usize * a.descs;
     let config = AgentConfig {
         same_host_ipc: !a.no_ipc,
+        stage_device_memory: a.stage,
         ..AgentConfig::default()
     };
     let initiator = Agent::with_config(&engine, "initiator", config.clone())?;
@@ -206,6 +210,7 @@ pub async fn run(a: XferArgs) -> CliResult {
                 &a.target.to_string().to_ascii_lowercase(),
             ])
             .args(a.no_ipc.then_some("--no-ipc"))
+            .args(a.stage.then_some("--stage"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
@@ -362,6 +367,7 @@ fn serve(a: &XferArgs) -> CliResult {
     let engine = Engine::new()?;
     let config = AgentConfig {
         same_host_ipc: !a.no_ipc,
+        stage_device_memory: a.stage,
         ..AgentConfig::default()
     };
     let target = Agent::with_config(&engine, "target", config)?;

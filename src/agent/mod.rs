@@ -42,6 +42,7 @@ mod notif;
 mod peer;
 mod reg;
 mod remote;
+mod staged;
 mod wire;
 mod xfer;
 
@@ -75,6 +76,10 @@ pub struct AgentConfig {
     /// UCX: its device memory through CUDA IPC, its host memory with cross-memory attach
     /// (`process_vm_readv`/`writev`, where ptrace permission allows).
     pub same_host_ipc: bool,
+    /// Device memory moved over UCX passes through host memory even where UCX could move it
+    /// itself ([`XferPath::UcxStaged`]); a UCX without CUDA support always stages. For
+    /// networks where the GPU cannot be reached directly, and for testing the staged path.
+    pub stage_device_memory: bool,
 }
 
 impl Default for AgentConfig {
@@ -82,6 +87,7 @@ impl Default for AgentConfig {
         AgentConfig {
             ucx: UcxMode::Auto,
             same_host_ipc: true,
+            stage_device_memory: false,
         }
     }
 }
@@ -647,13 +653,11 @@ impl AgentShared {
             {
                 XferPath::ProcessCopy
             }
-            Link::Remote(_) if local_mem == MemType::Device && !self.remote_has_cuda() => {
-                return Err(Error::unsupported(
-                    err(OpKind::Transfer, &peer.name).with_backend("ucx"),
-                    "local device memory to a peer in another process needs a UCX with CUDA \
-                     support (e.g. the libucx-cu13 wheel's libraries through GPUIO_UCX_DIR); \
-                     this UCX has none",
-                ));
+            Link::Remote(_)
+                if local_mem == MemType::Device
+                    && (!self.remote_has_cuda() || self.config.stage_device_memory) =>
+            {
+                XferPath::UcxStaged
             }
             Link::Remote(_) => XferPath::Ucx,
             Link::Local { .. } if local_mem == MemType::Host && remote_mem == MemType::Host => {

@@ -133,17 +133,22 @@ impl RemotePeer {
             .local
             .iter()
             .zip(&req.remote)
-            .map(|((l, _), (r, at))| {
-                let k = match at {
-                    RemoteRef::Ucx(k) => *k,
-                    RemoteRef::Local(_) => usize::MAX,
-                };
-                (l.addr, r.addr, l.len, k)
-            })
+            .map(|((l, _), (r, at))| (l.addr, r.addr, l.len, remote_index(at)))
             .collect();
+        self.post_segs(req.op, segs, done);
+    }
+
+    /// Posts a transfer given as `(local address, remote address, length, remote
+    /// registration index)`; every local range must stay valid until `done` runs.
+    pub(crate) fn post_segs(
+        &self,
+        op: XferOp,
+        segs: Vec<(u64, u64, u64, usize)>,
+        done: Completion,
+    ) {
         let c = Cmd::Xfer {
             peer: self.id,
-            op: req.op,
+            op,
             segs,
             done,
         };
@@ -152,6 +157,15 @@ impl RemotePeer {
             return;
         }
         ring(&self.doorbell);
+    }
+}
+
+/// The index of the peer's registration a remote descriptor lies in (`usize::MAX`, which
+/// names none, for a registration in this process).
+pub(crate) fn remote_index(at: &RemoteRef) -> usize {
+    match at {
+        RemoteRef::Ucx(k) => *k,
+        RemoteRef::Local(_) => usize::MAX,
     }
 }
 

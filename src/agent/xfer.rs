@@ -52,6 +52,10 @@ pub enum XferPath {
     ProcessCopy,
     /// A peer in another process or on another host: UCX.
     Ucx,
+    /// Local device memory and a peer reached through UCX that cannot move device memory
+    /// (no CUDA support in it, or [`AgentConfig::stage_device_memory`](super::AgentConfig)):
+    /// the bytes pass through host memory of the transfer's own (`agent::staged`).
+    UcxStaged,
 }
 
 impl std::fmt::Display for XferPath {
@@ -62,6 +66,7 @@ impl std::fmt::Display for XferPath {
             XferPath::CudaIpc => "CUDA IPC (same host)",
             XferPath::ProcessCopy => "cross-memory attach (same host)",
             XferPath::Ucx => "UCX",
+            XferPath::UcxStaged => "UCX, device memory staged through host memory",
         })
     }
 }
@@ -74,7 +79,7 @@ impl XferPath {
             XferPath::CudaCopy => "cuda",
             XferPath::CudaIpc => "cuda-ipc",
             XferPath::ProcessCopy => "process_vm",
-            XferPath::Ucx => "ucx",
+            XferPath::Ucx | XferPath::UcxStaged => "ucx",
         }
     }
 }
@@ -202,9 +207,11 @@ impl XferRequest {
             ctx_peer: self.peer.name.clone(),
             backend: self.path.backend(),
             failure: None,
+            after: None,
         };
         match (&self.peer.link, self.path) {
             (_, XferPath::CudaIpc) => self.run_ipc(done),
+            (Link::Remote(_), XferPath::UcxStaged) => super::staged::post(self, done),
             (_, XferPath::ProcessCopy) => {
                 let how = super::hostcopy::Mover::Process {
                     pid: self.peer.meta.pid as i32,
@@ -259,7 +266,7 @@ impl XferRequest {
                 let remote = side(&self.remote[0].0, self.remote_mem);
                 self.run_cuda(segs, local, remote, done)
             }
-            XferPath::CudaIpc | XferPath::ProcessCopy | XferPath::Ucx => {
+            XferPath::CudaIpc | XferPath::ProcessCopy | XferPath::Ucx | XferPath::UcxStaged => {
                 done.finish(Err("an in-process peer on an inter-process path".into()))
             }
         }
@@ -380,7 +387,14 @@ pub(crate) struct Completion {
     backend: &'static str,
     /// A failure found while issuing, reported once what was issued has finished.
     failure: Option<String>,
+    /// What is left to do once the transport's part succeeded (a staged READ's copy into
+    /// device memory): it takes the completion and finishes it when done. Dropped unrun when
+    /// the transport's part failed.
+    after: Option<After>,
 }
+
+/// The rest of a transfer after its transport's part, given the completion to finish.
+pub(crate) type After = Box<dyn FnOnce(Completion) + Send>;
 
 impl Completion {
     pub(crate) fn set_failure(&mut self, why: String) {
@@ -396,7 +410,17 @@ impl Completion {
         self.notify.take().map(|(_, n)| n)
     }
 
-    pub(crate) fn finish(self, r: std::result::Result<(), String>) {
+    /// Sets what runs once the transport's part has succeeded (see the field).
+    pub(crate) fn set_after(&mut self, after: After) {
+        self.after = Some(after);
+    }
+
+    pub(crate) fn finish(mut self, r: std::result::Result<(), String>) {
+        if r.is_ok() && self.failure.is_none() {
+            if let Some(after) = self.after.take() {
+                return after(self);
+            }
+        }
         let Completion {
             state,
             pins,
@@ -405,6 +429,7 @@ impl Completion {
             ctx_peer,
             backend,
             failure,
+            after: _,
         } = self;
         let r = match failure {
             Some(why) => Err(why),

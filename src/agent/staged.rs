@@ -1,0 +1,195 @@
+//! Local device memory moved over a UCX that cannot move it itself (built without CUDA, or
+//! told not to: `AgentConfig::stage_device_memory`): the bytes pass through host memory the
+//! transfer owns.
+//!
+//! A READ gets the peer's bytes into the staging memory over UCX, then copies them to the GPU
+//! on the agent's copy queue for that GPU; a WRITE copies from the GPU into the staging memory
+//! first, then puts from it. The transfer is done, and its registrations released, only
+//! after the last copy into device memory has completed, so what the caller sees is the same
+//! as on the direct path. A READ's notification goes to the peer once its memory has been
+//! read (the UCX part), which is what the peer needs to know to reuse it.
+//!
+//! The staging memory is one allocation per posting, as large as the transfer: this path is
+//! for transports where the GPU cannot be reached directly, where the network, not a host
+//! copy, is the limit.
+
+use std::sync::Arc;
+
+use super::xfer::{Completion, XferOp, XferRequest};
+
+/// Where one descriptor's bytes sit: its device address, its offset in the staging memory
+/// and its length.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Place {
+    device: u64,
+    at: usize,
+    len: usize,
+}
+
+/// A posting's staging memory and the device ranges it stands for.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct Staging {
+    host: Vec<u8>,
+    places: Vec<Place>,
+    gpu: usize,
+}
+
+impl Staging {
+    /// Host memory for every local descriptor of `req`, or why there is none.
+    fn new(req: &XferRequest) -> Result<Staging, String> {
+        let mut places = Vec::with_capacity(req.local.len());
+        let mut total = 0usize;
+        for (d, _) in &req.local {
+            let len = usize::try_from(d.len).map_err(|_| "a descriptor too large".to_string())?;
+            places.push(Place {
+                device: d.addr,
+                at: total,
+                len,
+            });
+            total = total
+                .checked_add(len)
+                .ok_or_else(|| "descriptors too large to stage".to_string())?;
+        }
+        let mut host = Vec::new();
+        host.try_reserve_exact(total)
+            .map_err(|_| format!("no {total} bytes of host memory to stage device memory in"))?;
+        host.resize(total, 0);
+        Ok(Staging {
+            host,
+            places,
+            gpu: req.local.first().map_or(0, |(d, _)| d.dev as usize),
+        })
+    }
+
+    /// The UCX transfer over the staging memory: `(local, remote, length, registration)`.
+    fn segs(&self, req: &XferRequest) -> Vec<(u64, u64, u64, usize)> {
+        let base = self.host.as_ptr() as u64;
+        self.places
+            .iter()
+            .zip(&req.remote)
+            .map(|(p, (r, at))| {
+                (
+                    base + p.at as u64,
+                    r.addr,
+                    p.len as u64,
+                    super::remote::remote_index(at),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Posts `req` (a transfer on [`XferPath::UcxStaged`](super::XferPath::UcxStaged)) through
+/// staging memory; `done` finishes it.
+#[cfg(feature = "cuda")]
+pub(super) fn post(req: &XferRequest, mut done: Completion) {
+    let staging = match Staging::new(req) {
+        Ok(s) => s,
+        Err(e) => return done.finish(Err(e)),
+    };
+    let segs = staging.segs(req);
+    let queue = match req.agent.copy_queue(staging.gpu, None) {
+        Ok(q) => q,
+        Err(e) => return done.finish(Err(e)),
+    };
+    let peer = req.peer.clone();
+    match req.op {
+        XferOp::Read => {
+            // The staging memory lives in the continuation, which the completion keeps until
+            // the UCX part has finished either way.
+            done.set_after(Box::new(move |done| {
+                // Off the UCX progress thread where a thread can be had: copies from pageable
+                // memory take as long as the bytes do. Where none can, here.
+                let job = Arc::new(std::sync::Mutex::new(Some((queue, staging, done))));
+                let take = |j: &std::sync::Mutex<Option<_>>| {
+                    j.lock().unwrap_or_else(|p| p.into_inner()).take()
+                };
+                let theirs = job.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("gpuio-agent-stage".into())
+                    .spawn(move || {
+                        if let Some((q, s, d)) = take(&theirs) {
+                            to_device(&q, s, d)
+                        }
+                    });
+                if spawned.is_err() {
+                    if let Some((q, s, d)) = take(&job) {
+                        to_device(&q, s, d)
+                    }
+                }
+            }));
+            post_remote(&peer, XferOp::Read, segs, done);
+        }
+        XferOp::Write => {
+            let base = staging.host.as_ptr() as u64;
+            for p in &staging.places {
+                // SAFETY: the source lies in a local registration `done` pins until it
+                // finishes, which is after this queue's completion below; the destination is
+                // the staging memory, which the completion's continuation owns until then.
+                if let Err(e) = unsafe { queue.copy(base + p.at as u64, p.device, p.len) } {
+                    return queue.then(Box::new(move |_| {
+                        drop(staging);
+                        done.finish(Err(e))
+                    }));
+                }
+            }
+            queue.then(Box::new(move |r| match r {
+                Ok(()) => {
+                    // UCX reads the staging memory until the completion runs: it drops it then.
+                    done.set_after(Box::new(move |done| {
+                        drop(staging);
+                        done.finish(Ok(()))
+                    }));
+                    post_remote(&peer, XferOp::Write, segs, done)
+                }
+                Err(e) => {
+                    drop(staging);
+                    done.finish(Err(e))
+                }
+            }));
+        }
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(super) fn post(_: &XferRequest, done: Completion) {
+    done.finish(Err(
+        "device memory needs gpuio built with its cuda feature".into()
+    ))
+}
+
+/// Hands the UCX part to the peer's progress thread.
+fn post_remote(
+    peer: &Arc<super::peer::Peer>,
+    op: XferOp,
+    segs: Vec<(u64, u64, u64, usize)>,
+    done: Completion,
+) {
+    match &peer.link {
+        super::peer::Link::Remote(remote) => remote.post_segs(op, segs, done),
+        super::peer::Link::Local { .. } => {
+            done.finish(Err("a staged transfer to a peer in this process".into()))
+        }
+    }
+}
+
+/// A staged READ's last part: the staging memory's bytes into the device ranges, then done.
+#[cfg(feature = "cuda")]
+fn to_device(queue: &crate::cuda::xfer::CopyQueue, staging: Staging, done: Completion) {
+    let base = staging.host.as_ptr() as u64;
+    for p in &staging.places {
+        // SAFETY: the destination lies in a local registration `done` pins until it finishes,
+        // after this queue's completion below; the source is the staging memory, moved into
+        // that completion's closure.
+        if let Err(e) = unsafe { queue.copy(p.device, base + p.at as u64, p.len) } {
+            return queue.then(Box::new(move |_| {
+                drop(staging);
+                done.finish(Err(e))
+            }));
+        }
+    }
+    queue.then(Box::new(move |r| {
+        drop(staging);
+        done.finish(r)
+    }));
+}
