@@ -29,7 +29,7 @@ struct Place {
 /// A posting's staging memory and the device ranges it stands for.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Staging {
-    host: Vec<u8>,
+    host: Box<[u8]>,
     places: Vec<Place>,
     gpu: usize,
 }
@@ -50,12 +50,8 @@ impl Staging {
                 .checked_add(len)
                 .ok_or_else(|| "descriptors too large to stage".to_string())?;
         }
-        let mut host = Vec::new();
-        host.try_reserve_exact(total)
-            .map_err(|_| format!("no {total} bytes of host memory to stage device memory in"))?;
-        host.resize(total, 0);
         Ok(Staging {
-            host,
+            host: zeroed(total)?,
             places,
             gpu: req.local.first().map_or(0, |(d, _)| d.dev as usize),
         })
@@ -77,6 +73,27 @@ impl Staging {
             })
             .collect()
     }
+}
+
+/// `len` zeroed bytes, from the allocator's zeroed path (fresh pages for large sizes, so
+/// nothing is written here that UCX or the GPU copy writes again), or why there are none.
+fn zeroed(len: usize) -> Result<Box<[u8]>, String> {
+    if len == 0 {
+        return Ok(Box::default());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len)
+        .map_err(|_| format!("{len} bytes cannot be staged"))?;
+    // SAFETY: `layout` has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return Err(format!(
+            "no {len} bytes of host memory to stage device memory in"
+        ));
+    }
+    // SAFETY: `p` is a live allocation of the global allocator with `layout` (an array of
+    // `len` bytes), every byte initialised (zeroed), owned by nothing else: the box takes it
+    // and frees it with the same layout.
+    Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, len)) })
 }
 
 /// Posts `req` (a transfer on [`XferPath::UcxStaged`](super::XferPath::UcxStaged)) through
