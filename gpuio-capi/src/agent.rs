@@ -172,7 +172,7 @@ pub unsafe extern "C" fn gpuio_agent_create(
         if flags & !all != 0 {
             return Err(Failure::invalid(format!(
                 "gpuio_agent_create {name:?}: unknown flag bits {:#x} (GPUIO_AGENT_UCX_OFF, \
-                 UCX_REQUIRED, NO_IPC)",
+                 UCX_REQUIRED, NO_IPC, STAGE_DEVICE)",
                 flags & !all
             )));
         }

@@ -13,13 +13,14 @@
 //! for transports where the GPU cannot be reached directly, where the network, not a host
 //! copy, is the limit.
 
-use std::sync::Arc;
+#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+
+use std::sync::{Arc, Mutex};
 
 use super::xfer::{Completion, XferOp, XferRequest};
 
 /// Where one descriptor's bytes sit: its device address, its offset in the staging memory
 /// and its length.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Place {
     device: u64,
     at: usize,
@@ -27,7 +28,6 @@ struct Place {
 }
 
 /// A posting's staging memory and the device ranges it stands for.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 struct Staging {
     host: Box<[u8]>,
     places: Vec<Place>,
@@ -39,8 +39,9 @@ impl Staging {
     fn new(req: &XferRequest) -> Result<Staging, String> {
         let mut places = Vec::with_capacity(req.local.len());
         let mut total = 0usize;
-        for (d, _) in &req.local {
-            let len = usize::try_from(d.len).map_err(|_| "a descriptor too large".to_string())?;
+        for (i, (d, _)) in req.local.iter().enumerate() {
+            let len = usize::try_from(d.len)
+                .map_err(|_| format!("descriptor {i}: {} bytes cannot be staged", d.len))?;
             places.push(Place {
                 device: d.addr,
                 at: total,
@@ -58,8 +59,8 @@ impl Staging {
     }
 
     /// The UCX transfer over the staging memory: `(local, remote, length, registration)`.
-    fn segs(&self, req: &XferRequest) -> Vec<(u64, u64, u64, usize)> {
-        let base = self.host.as_ptr() as u64;
+    fn segs(&mut self, req: &XferRequest) -> Vec<(u64, u64, u64, usize)> {
+        let base = self.base();
         self.places
             .iter()
             .zip(&req.remote)
@@ -72,6 +73,13 @@ impl Staging {
                 )
             })
             .collect()
+    }
+}
+
+impl Staging {
+    /// The staging memory's address, for UCX and the GPU copies to write and read through.
+    fn base(&mut self) -> u64 {
+        self.host.as_mut_ptr() as u64
     }
 }
 
@@ -100,7 +108,7 @@ fn zeroed(len: usize) -> Result<Box<[u8]>, String> {
 /// staging memory; `done` finishes it.
 #[cfg(feature = "cuda")]
 pub(super) fn post(req: &XferRequest, mut done: Completion) {
-    let staging = match Staging::new(req) {
+    let mut staging = match Staging::new(req) {
         Ok(s) => s,
         Err(e) => return done.finish(Err(e)),
     };
@@ -113,58 +121,17 @@ pub(super) fn post(req: &XferRequest, mut done: Completion) {
     match req.op {
         XferOp::Read => {
             // The staging memory lives in the continuation, which the completion keeps until
-            // the UCX part has finished either way.
+            // the UCX part has finished, however it finishes.
             done.set_after(Box::new(move |done| {
-                // Off the UCX progress thread where a thread can be had: copies from pageable
-                // memory take as long as the bytes do. Where none can, here.
-                let job = Arc::new(std::sync::Mutex::new(Some((queue, staging, done))));
-                let take = |j: &std::sync::Mutex<Option<_>>| {
-                    j.lock().unwrap_or_else(|p| p.into_inner()).take()
-                };
-                let theirs = job.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("gpuio-agent-stage".into())
-                    .spawn(move || {
-                        if let Some((q, s, d)) = take(&theirs) {
-                            to_device(&q, s, d)
-                        }
-                    });
-                if spawned.is_err() {
-                    if let Some((q, s, d)) = take(&job) {
-                        to_device(&q, s, d)
-                    }
-                }
+                off_thread(move || to_device(&queue, staging, done))
             }));
             post_remote(&peer, XferOp::Read, segs, done);
         }
-        XferOp::Write => {
-            let base = staging.host.as_ptr() as u64;
-            for p in &staging.places {
-                // SAFETY: the source lies in a local registration `done` pins until it
-                // finishes, which is after this queue's completion below; the destination is
-                // the staging memory, which the completion's continuation owns until then.
-                if let Err(e) = unsafe { queue.copy(base + p.at as u64, p.device, p.len) } {
-                    return queue.then(Box::new(move |_| {
-                        drop(staging);
-                        done.finish(Err(e))
-                    }));
-                }
-            }
-            queue.then(Box::new(move |r| match r {
-                Ok(()) => {
-                    // UCX reads the staging memory until the completion runs: it drops it then.
-                    done.set_after(Box::new(move |done| {
-                        drop(staging);
-                        done.finish(Ok(()))
-                    }));
-                    post_remote(&peer, XferOp::Write, segs, done)
-                }
-                Err(e) => {
-                    drop(staging);
-                    done.finish(Err(e))
-                }
-            }));
-        }
+        XferOp::Write => off_thread(move || {
+            from_device(&queue, staging, done, move |done| {
+                post_remote(&peer, XferOp::Write, segs, done)
+            })
+        }),
     }
 }
 
@@ -190,23 +157,83 @@ fn post_remote(
     }
 }
 
+/// Runs `job` on a thread of its own: a copy from or into pageable memory takes as long as
+/// its bytes do, too long for the caller's thread (`post` returns a future) or UCX's progress
+/// thread (every peer's transfers wait behind it). Where no thread can be had, here.
+#[cfg(feature = "cuda")]
+fn off_thread(job: impl FnOnce() + Send + 'static) {
+    let slot = Arc::new(Mutex::new(Some(job)));
+    let take = |s: &Mutex<Option<_>>| s.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let theirs = slot.clone();
+    let spawned = std::thread::Builder::new()
+        .name("gpuio-agent-stage".into())
+        .spawn(move || {
+            if let Some(job) = take(&theirs) {
+                job()
+            }
+        });
+    if spawned.is_err() {
+        if let Some(job) = take(&slot) {
+            job()
+        }
+    }
+}
+
 /// A staged READ's last part: the staging memory's bytes into the device ranges, then done.
 #[cfg(feature = "cuda")]
-fn to_device(queue: &crate::cuda::xfer::CopyQueue, staging: Staging, done: Completion) {
-    let base = staging.host.as_ptr() as u64;
-    for p in &staging.places {
+fn to_device(queue: &crate::cuda::xfer::CopyQueue, mut staging: Staging, done: Completion) {
+    let base = staging.base();
+    for (i, p) in staging.places.iter().enumerate() {
         // SAFETY: the destination lies in a local registration `done` pins until it finishes,
         // after this queue's completion below; the source is the staging memory, moved into
         // that completion's closure.
         if let Err(e) = unsafe { queue.copy(p.device, base + p.at as u64, p.len) } {
             return queue.then(Box::new(move |_| {
                 drop(staging);
-                done.finish(Err(e))
+                done.finish(Err(format!("staged descriptor {i} into the GPU: {e}")))
             }));
         }
     }
     queue.then(Box::new(move |r| {
         drop(staging);
-        done.finish(r)
+        done.finish(r.map_err(|e| format!("staged copies into the GPU: {e}")))
+    }));
+}
+
+/// A staged WRITE's first part: the device ranges into the staging memory, then `then` with
+/// the completion, which from then on owns the staging memory (freed when the transfer ends).
+#[cfg(feature = "cuda")]
+fn from_device(
+    queue: &crate::cuda::xfer::CopyQueue,
+    mut staging: Staging,
+    done: Completion,
+    then: impl FnOnce(Completion) + Send + 'static,
+) {
+    let base = staging.base();
+    for (i, p) in staging.places.iter().enumerate() {
+        // SAFETY: the source lies in a local registration `done` pins until it finishes,
+        // which is after this queue's completion below; the destination is the staging
+        // memory, which that completion's closure owns.
+        if let Err(e) = unsafe { queue.copy(base + p.at as u64, p.device, p.len) } {
+            return queue.then(Box::new(move |_| {
+                drop(staging);
+                done.finish(Err(format!("staged descriptor {i} out of the GPU: {e}")))
+            }));
+        }
+    }
+    queue.then(Box::new(move |r| match r {
+        Ok(()) => {
+            let mut done = done;
+            // UCX reads the staging memory until the completion runs: it frees it then.
+            done.set_after(Box::new(move |done| {
+                drop(staging);
+                done.finish(Ok(()))
+            }));
+            then(done)
+        }
+        Err(e) => {
+            drop(staging);
+            done.finish(Err(format!("staged copies out of the GPU: {e}")))
+        }
     }));
 }

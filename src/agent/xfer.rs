@@ -194,7 +194,7 @@ impl XferRequest {
         let done = Completion {
             state: state.clone(),
             pins,
-            peer: self.peer.clone(),
+            _peer: self.peer.clone(),
             notify: self.notif.as_ref().map(|m| {
                 (
                     self.peer.clone(),
@@ -208,6 +208,7 @@ impl XferRequest {
             backend: self.path.backend(),
             failure: None,
             after: None,
+            settled: false,
         };
         match (&self.peer.link, self.path) {
             (_, XferPath::CudaIpc) => self.run_ipc(done),
@@ -376,21 +377,26 @@ pub(crate) fn merge_adjacent(segs: Vec<Seg>) -> Vec<Seg> {
 }
 
 /// What finishing a transfer does, once its last byte has landed or it has failed: release
-/// the registrations, deliver the notification (only on success), then wake the future.
+/// the registrations, deliver the notification (only on success; a staged READ's goes before
+/// its copy to the GPU, see `agent::staged`), then wake the future. A completion dropped
+/// without finishing (a transfer whose posting was lost with its agent's UCX thread before
+/// anything was issued) fails the transfer, so no future waits for ever.
 pub(crate) struct Completion {
     state: Arc<XferState>,
     pins: Vec<Pin>,
     /// Keeps the peer's IPC mappings (and its endpoint) while the transfer runs.
-    peer: Arc<Peer>,
+    _peer: Arc<Peer>,
     notify: Option<(Arc<Peer>, Notification)>,
     ctx_peer: String,
     backend: &'static str,
     /// A failure found while issuing, reported once what was issued has finished.
     failure: Option<String>,
-    /// What is left to do once the transport's part succeeded (a staged READ's copy into
-    /// device memory): it takes the completion and finishes it when done. Dropped unrun when
-    /// the transport's part failed.
+    /// What is left to do once the transport's part succeeded (a staged transfer's copy into
+    /// device memory, or its staging memory to free): it takes the completion and finishes it
+    /// when done. Dropped unrun when the transport's part failed.
     after: Option<After>,
+    /// Set once the transfer's result is out.
+    settled: bool,
 }
 
 /// The rest of a transfer after its transport's part, given the completion to finish.
@@ -421,21 +427,18 @@ impl Completion {
                 return after(self);
             }
         }
-        let Completion {
-            state,
-            pins,
-            peer: _peer,
-            notify,
-            ctx_peer,
-            backend,
-            failure,
-            after: _,
-        } = self;
-        let r = match failure {
+        self.settle(r);
+    }
+
+    /// Delivers the result: the notification on success, the future's result, then the
+    /// registrations.
+    fn settle(&mut self, r: std::result::Result<(), String>) {
+        self.settled = true;
+        let r = match self.failure.take() {
             Some(why) => Err(why),
             None => r,
         };
-        let r = match (r, notify) {
+        let r = match (r, self.notify.take()) {
             (Ok(()), Some((peer, n))) => match &peer.link {
                 Link::Local { notifs, .. } => {
                     notifs.push(n);
@@ -450,13 +453,26 @@ impl Completion {
         };
         let r = r.map_err(|why| {
             Error::io(
-                err(OpKind::Transfer, &ctx_peer).with_backend(backend),
+                err(OpKind::Transfer, &self.ctx_peer).with_backend(self.backend),
                 std::io::Error::other(why),
             )
         });
         // Done before the registrations go: whoever sees one released sees the transfer done.
-        state.set(r);
-        drop(pins);
+        self.state.set(r);
+        drop(std::mem::take(&mut self.pins));
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if !self.settled {
+            // Unrun continuations go first: what they own (staging memory) is no longer used.
+            drop(self.after.take());
+            self.settle(Err(
+                "the transfer was lost before it was issued (its agent's UCX thread stopped)"
+                    .into(),
+            ));
+        }
     }
 }
 
