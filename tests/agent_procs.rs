@@ -408,10 +408,13 @@ fn device_memory_staged_through_host_over_ucx() {
         pieces(&peer.descs, 4, true),
     );
     let read = me
-        .request(XferOp::Read, &local, &peer.name, &remote, None)
+        .request(XferOp::Read, &local, &peer.name, &remote, Some(b"read"))
         .unwrap();
     assert_eq!(read.path(), XferPath::UcxStaged);
     read.post().unwrap().wait().unwrap();
+    // The READ's notification goes once the bytes are in the GPU; the peer echoes it.
+    let echo = me.wait_notification(Duration::from_secs(10)).unwrap();
+    assert_eq!(echo.msg, b"read");
     let got = mine.release_blocking();
     let want: Vec<u8> = pattern(SIZE, 31)
         .chunks(SIZE / 4)

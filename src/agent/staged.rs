@@ -6,8 +6,8 @@
 //! on the agent's copy queue for that GPU; a WRITE copies from the GPU into the staging memory
 //! first, then puts from it. The transfer is done, and its registrations released, only
 //! after the last copy into device memory has completed, so what the caller sees is the same
-//! as on the direct path. A READ's notification goes to the peer once its memory has been
-//! read (the UCX part), which is what the peer needs to know to reuse it.
+//! as on the direct path; so is its notification (sent through the peer's link when the
+//! completion settles, as after CUDA IPC copies), so it never overtakes the data.
 //!
 //! The staging memory is one allocation per posting, as large as the transfer: this path is
 //! for transports where the GPU cannot be reached directly, where the network, not a host

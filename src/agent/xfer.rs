@@ -377,8 +377,8 @@ pub(crate) fn merge_adjacent(segs: Vec<Seg>) -> Vec<Seg> {
 }
 
 /// What finishing a transfer does, once its last byte has landed or it has failed: release
-/// the registrations, deliver the notification (only on success; a staged READ's goes before
-/// its copy to the GPU, see `agent::staged`), then wake the future. A completion dropped
+/// the registrations, deliver the notification (only on success, and only once the data has
+/// landed where it goes: a staged READ's after its copy into the GPU), then wake the future. A completion dropped
 /// without finishing (a transfer whose posting was lost with its agent's UCX thread before
 /// anything was issued) fails the transfer, so no future waits for ever.
 pub(crate) struct Completion {
@@ -411,8 +411,13 @@ impl Completion {
         self.failure.take()
     }
 
-    /// The notification to send through the transport after the data (remote peers).
+    /// The notification for the transport to send once its part is done (remote peers); none
+    /// while a continuation is left (a staged transfer's copy): the data has not landed where
+    /// it goes until that has run, so the notification goes when the completion settles.
     pub(crate) fn take_notification(&mut self) -> Option<Notification> {
+        if self.after.is_some() {
+            return None;
+        }
         self.notify.take().map(|(_, n)| n)
     }
 
@@ -444,7 +449,8 @@ impl Completion {
                     notifs.push(n);
                     Ok(())
                 }
-                // After copies over CUDA IPC: the data has landed, now the message.
+                // After copies over CUDA IPC, or a staged transfer's last part: the data has
+                // landed, now the message.
                 Link::Remote(remote) => remote
                     .notify(n)
                     .map_err(|e| format!("the data landed; its notification: {e}")),
