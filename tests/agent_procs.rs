@@ -48,6 +48,16 @@ fn ucx_or_skip() -> Option<()> {
     }
 }
 
+/// UCX and a CUDA device, or `None` after saying which is missing.
+fn ucx_and_gpu_or_skip() -> Option<()> {
+    ucx_or_skip()?;
+    if !gpuio::cuda::available() {
+        println!("SKIPPED: no CUDA device here");
+        return None;
+    }
+    Some(())
+}
+
 struct Peer {
     child: Child,
     name: String,
@@ -325,11 +335,7 @@ fn metadata_of_a_restarted_peer_is_refreshed_and_old_requests_fail() {
 /// and WRITE, with the notification after the data.
 #[test]
 fn device_memory_across_processes_on_one_host() {
-    if ucx_or_skip().is_none() {
-        return;
-    }
-    if !gpuio::cuda::available() {
-        println!("SKIPPED: no CUDA device here");
+    if ucx_and_gpu_or_skip().is_none() {
         return;
     }
     let e = Engine::new().unwrap();
@@ -385,11 +391,7 @@ fn pieces(list: &DescList, n: u64, reverse: bool) -> DescList {
 /// in reverse order, the notification after the data, and the device bytes checked.
 #[test]
 fn device_memory_staged_through_host_over_ucx() {
-    if ucx_or_skip().is_none() {
-        return;
-    }
-    if !gpuio::cuda::available() {
-        println!("SKIPPED: no CUDA device here");
+    if ucx_and_gpu_or_skip().is_none() {
         return;
     }
     let e = Engine::new().unwrap();

@@ -74,9 +74,7 @@ impl Staging {
             })
             .collect()
     }
-}
 
-impl Staging {
     /// The staging memory's address, for UCX and the GPU copies to write and read through.
     fn base(&mut self) -> u64 {
         self.host.as_mut_ptr() as u64
@@ -179,24 +177,46 @@ fn off_thread(job: impl FnOnce() + Send + 'static) {
     }
 }
 
+/// Queues one copy per descriptor between the staging memory and the GPU, into the GPU when
+/// `into_gpu`; why the first that could not be queued failed (those queued before it still
+/// run: the caller finishes only behind the queue's completion).
+///
+/// # Safety
+/// The device ranges must lie in local registrations, and the staging memory must stay
+/// allocated, until a later [`then`](crate::cuda::xfer::CopyQueue::then) on `queue` has
+/// reported completion.
+#[cfg(feature = "cuda")]
+unsafe fn queue_copies(
+    queue: &crate::cuda::xfer::CopyQueue,
+    staging: &mut Staging,
+    into_gpu: bool,
+) -> Result<(), String> {
+    let base = staging.base();
+    for (i, p) in staging.places.iter().enumerate() {
+        let host = base + p.at as u64;
+        let (dst, src, way) = if into_gpu {
+            (p.device, host, "into")
+        } else {
+            (host, p.device, "out of")
+        };
+        // SAFETY: both ranges stay valid until the queue's completion (this function's
+        // contract); the staging range lies inside the staging memory (`Staging::new` laid the
+        // places out within its length).
+        unsafe { queue.copy(dst, src, p.len) }
+            .map_err(|e| format!("staged descriptor {i} {way} the GPU: {e}"))?;
+    }
+    Ok(())
+}
+
 /// A staged READ's last part: the staging memory's bytes into the device ranges, then done.
 #[cfg(feature = "cuda")]
 fn to_device(queue: &crate::cuda::xfer::CopyQueue, mut staging: Staging, done: Completion) {
-    let base = staging.base();
-    for (i, p) in staging.places.iter().enumerate() {
-        // SAFETY: the destination lies in a local registration `done` pins until it finishes,
-        // after this queue's completion below; the source is the staging memory, moved into
-        // that completion's closure.
-        if let Err(e) = unsafe { queue.copy(p.device, base + p.at as u64, p.len) } {
-            return queue.then(Box::new(move |_| {
-                drop(staging);
-                done.finish(Err(format!("staged descriptor {i} into the GPU: {e}")))
-            }));
-        }
-    }
+    // SAFETY: the device ranges lie in local registrations `done` pins until it finishes, and
+    // the staging memory moves into the closure that finishes it, after the queue's completion.
+    let queued = unsafe { queue_copies(queue, &mut staging, true) };
     queue.then(Box::new(move |r| {
         drop(staging);
-        done.finish(r.map_err(|e| format!("staged copies into the GPU: {e}")))
+        done.finish(queued.and(r.map_err(|e| format!("staged copies into the GPU: {e}"))))
     }));
 }
 
@@ -206,34 +226,26 @@ fn to_device(queue: &crate::cuda::xfer::CopyQueue, mut staging: Staging, done: C
 fn from_device(
     queue: &crate::cuda::xfer::CopyQueue,
     mut staging: Staging,
-    done: Completion,
+    mut done: Completion,
     then: impl FnOnce(Completion) + Send + 'static,
 ) {
-    let base = staging.base();
-    for (i, p) in staging.places.iter().enumerate() {
-        // SAFETY: the source lies in a local registration `done` pins until it finishes,
-        // which is after this queue's completion below; the destination is the staging
-        // memory, which that completion's closure owns.
-        if let Err(e) = unsafe { queue.copy(base + p.at as u64, p.device, p.len) } {
-            return queue.then(Box::new(move |_| {
+    // SAFETY: as in `to_device`: `done` pins the device ranges, and the staging memory moves
+    // into the closure below, which runs after the queue's completion.
+    let queued = unsafe { queue_copies(queue, &mut staging, false) };
+    queue.then(Box::new(move |r| {
+        match queued.and(r.map_err(|e| format!("staged copies out of the GPU: {e}"))) {
+            Ok(()) => {
+                // UCX reads the staging memory until the completion runs: it frees it then.
+                done.set_after(Box::new(move |done| {
+                    drop(staging);
+                    done.finish(Ok(()))
+                }));
+                then(done)
+            }
+            Err(e) => {
                 drop(staging);
-                done.finish(Err(format!("staged descriptor {i} out of the GPU: {e}")))
-            }));
-        }
-    }
-    queue.then(Box::new(move |r| match r {
-        Ok(()) => {
-            let mut done = done;
-            // UCX reads the staging memory until the completion runs: it frees it then.
-            done.set_after(Box::new(move |done| {
-                drop(staging);
-                done.finish(Ok(()))
-            }));
-            then(done)
-        }
-        Err(e) => {
-            drop(staging);
-            done.finish(Err(format!("staged copies out of the GPU: {e}")))
+                done.finish(Err(e))
+            }
         }
     }));
 }
