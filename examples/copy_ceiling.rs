@@ -6,7 +6,8 @@
 //!
 //! Then the cost of each driver call the bounce path makes per piece (copy, event record,
 //! stream wait, event query, all five of a piece together, and a 64-copy
-//! `cuMemcpyBatchAsync`), from 1, 4 and 16 threads with a stream each, and from 16 threads
+//! `cuMemcpyBatchAsync` from pinned memory and from pageable memory read during the call, as
+//! the page-cache fast path issues it), from 1, 4, 8 and 16 threads with a stream each, and from 16 threads
 //! that take turns through one lock: what decides how the per-piece work should be issued.
 //!
 //! `cargo run --release --example copy_ceiling [MiB]` (default 1024). Prints
@@ -60,7 +61,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     for call in CALLS {
         let mut row = format!("driver call {:>22}:", call.name());
-        for (threads, serialized) in [(1usize, false), (4, false), (16, false), (16, true)] {
+        for (threads, serialized) in [
+            (1usize, false),
+            (4, false),
+            (8, false),
+            (16, false),
+            (16, true),
+        ] {
             let rate = call_rate(&ctx, *call, threads, serialized, 0.5)?;
             row += &format!(
                 "  {threads:2}{} {:6.0} k/s",
@@ -84,6 +91,9 @@ enum Call {
     Piece,
     /// 64 copies in one `cuMemcpyBatchAsync` (counted per copy).
     Batch64,
+    /// 64 copies in one `cuMemcpyBatchAsync` from pageable memory, each source read before
+    /// the call returns, as the page-cache fast path issues them (counted per copy).
+    Batch64Pageable,
 }
 
 const CALLS: &[Call] = &[
@@ -93,6 +103,7 @@ const CALLS: &[Call] = &[
     Call::Query,
     Call::Piece,
     Call::Batch64,
+    Call::Batch64Pageable,
 ];
 
 impl Call {
@@ -104,6 +115,7 @@ impl Call {
             Call::Query => "event query",
             Call::Piece => "piece (5 calls)",
             Call::Batch64 => "batch of 64 (per copy)",
+            Call::Batch64Pageable => "pageable batch of 64",
         }
     }
 }
@@ -138,7 +150,12 @@ fn call_rate(
         // SAFETY: written in full before any copy reads it.
         let mut src = unsafe { ctx.alloc_pinned::<u8>(LEN * BATCH) }.map_err(e)?;
         src.as_mut_slice().map_err(e)?.fill(1);
-        let src_ptr = src.as_ptr().map_err(e)? as u64;
+        // The page-cache fast path's source: plain (pageable) memory the driver stages.
+        let pageable = vec![1u8; LEN * BATCH];
+        let src_ptr = match call {
+            Call::Batch64Pageable => pageable.as_ptr() as u64,
+            _ => src.as_ptr().map_err(e)? as u64,
+        };
         let (dptr, _g) = gpuio::cuda::cudarc::driver::DevicePtr::device_ptr(&dst, &stream);
         let ev = ctx.new_event(None).map_err(e)?;
         let ev2 = ctx.new_event(None).map_err(e)?;
@@ -153,14 +170,20 @@ fn call_rate(
         // SAFETY: an all-zero attribute block is valid plain data; the fields that
         // matter are set next.
         let mut attr: sys::CUmemcpyAttributes = unsafe { std::mem::zeroed() };
-        attr.srcAccessOrder = sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+        attr.srcAccessOrder = match call {
+            Call::Batch64Pageable => {
+                sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL
+            }
+            _ => sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+        };
         let mut attr_idx = [0usize];
         let start = Instant::now();
         let mut n = 0u64;
         while start.elapsed() < run {
             let _turn = serialized.then(|| lock.lock().unwrap_or_else(|p| p.into_inner()));
-            // SAFETY: every pointer is a live allocation of this context of at
-            // least the bytes named; the events and stream belong to it.
+            // SAFETY: every pointer is a live allocation of this context (or, for the
+            // pageable batch, plain host memory read before the call returns) of at least
+            // the bytes named; the events and stream belong to it.
             unsafe {
                 match call {
                     Call::Copy => ok(
@@ -185,7 +208,7 @@ fn call_rate(
                         ok(sys::cuEventRecord(ev2.cu_event(), cs), "record")?;
                         ok(sys::cuEventRecord(ev.cu_event(), cs), "record")?;
                     }
-                    Call::Batch64 => {
+                    Call::Batch64 | Call::Batch64Pageable => {
                         ok(
                             sys::cuMemcpyBatchAsync_v2(
                                 dsts.as_mut_ptr(),

@@ -54,6 +54,9 @@ fn bounce_pool_serves(a: &DirectAlignment, chunk: usize) -> bool {
 }
 
 /// What the reactor needs of a file; kept alive by every op until its I/O has completed.
+/// Aligned to a cache line: the `Arc`'s counts, which every `File` clone changes, share no
+/// line with the fields every read looks at.
+#[repr(align(64))]
 pub(crate) struct Target {
     /// The kernel descriptor (`None` for an NVMe namespace, whose I/O goes through SPDK).
     pub(crate) fd: Option<OwnedFd>,

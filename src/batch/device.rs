@@ -16,7 +16,7 @@ use std::task::Poll;
 use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, SyncOnDrop};
 
-use super::Run;
+use super::RunOf;
 use crate::buf::sealed::Sealed;
 use crate::buf::{ReadDst, ReadTarget};
 use crate::cuda::DeviceDst;
@@ -64,7 +64,7 @@ impl ReadDst for DeviceRange {
 
 /// Runs `runs` (disjoint, in destination order, all inside `dst`) into `dst`.
 pub(crate) async fn read_batch_device(
-    runs: &[&Run],
+    runs: &[RunOf<'_>],
     dst: &mut dyn DeviceDst,
     progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Vec<Result<usize>> {

@@ -83,7 +83,9 @@ impl ReadDesc {
 /// One read the plan issues: a run of descriptors contiguous in file and destination.
 #[derive(Debug)]
 pub(crate) struct Run {
-    file: File,
+    /// The descriptor whose file the run reads (its first member): the plan's descriptors
+    /// hold the file, so a plan made for every batch clones no handle per run.
+    file: usize,
     offset: u64,
     dst_offset: usize,
     len: usize,
@@ -159,7 +161,7 @@ impl BatchPlan {
         for &i in by_dst.iter().filter(|&&i| rejected[i].is_none()) {
             let d = &descs[i];
             if let Some(r) = runs.last_mut() {
-                if r.file.same_file(&d.file)
+                if descs[r.file].file.same_file(&d.file)
                     && r.offset + r.len as u64 == d.offset
                     && r.dst_offset + r.len == d.dst_offset
                 {
@@ -169,7 +171,7 @@ impl BatchPlan {
                 }
             }
             runs.push(Run {
-                file: d.file.clone(),
+                file: i,
                 offset: d.offset,
                 dst_offset: d.dst_offset,
                 len: d.len,
@@ -269,6 +271,13 @@ impl BatchPlan {
                 .runs
                 .iter()
                 .partition(|r| r.dst_offset + r.len <= dst_len);
+            let fit: Vec<RunOf<'_>> = fit
+                .into_iter()
+                .map(|run| RunOf {
+                    run,
+                    file: &self.descs[run.file].file,
+                })
+                .collect();
             for r in too_far {
                 for &m in &r.members {
                     let d = &self.descs[m];
@@ -281,15 +290,15 @@ impl BatchPlan {
                 }
             }
             if let Some(p) = progress {
-                p.add_total(fit.iter().map(|r| r.len as u64).sum());
+                p.add_total(fit.iter().map(|r| r.len() as u64).sum());
             }
             let outcomes = match dst.target() {
                 ReadTarget::Host(buf) => read_host(&fit, buf, progress).await,
                 #[cfg(feature = "cuda")]
                 ReadTarget::Device(d) => device::read_batch_device(&fit, d, progress).await,
             };
-            for (run, outcome) in fit.iter().zip(outcomes) {
-                distribute(run, outcome, &self.descs, &mut results);
+            for (r, outcome) in fit.iter().zip(outcomes) {
+                distribute(r.run, outcome, &self.descs, &mut results);
             }
             BatchResult {
                 results: results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect(),
@@ -312,14 +321,24 @@ impl BatchPlan {
     }
 }
 
-impl Run {
-    /// The run's read into `dst` (exactly `self.len` bytes long), reporting to `progress`.
+/// A run of a plan being executed, with the file its descriptor holds.
+#[derive(Clone, Copy)]
+pub(crate) struct RunOf<'p> {
+    run: &'p Run,
+    file: &'p File,
+}
+
+impl<'p> RunOf<'p> {
+    /// The run's read into `dst` (exactly `self.len()` bytes long), reporting to `progress`.
     pub(crate) fn read<'a, D: ReadDst + ?Sized>(
-        &'a self,
+        &self,
         dst: &'a mut D,
         progress: Option<&Arc<Progress>>,
-    ) -> crate::op::read::ReadInto<'a> {
-        let read = self.file.read_into(dst, self.offset);
+    ) -> crate::op::read::ReadInto<'a>
+    where
+        'p: 'a,
+    {
+        let read = self.file.read_into(dst, self.run.offset);
         match progress {
             Some(p) => read.with_progress(p),
             None => read,
@@ -331,7 +350,7 @@ impl Run {
     pub(crate) fn copy_failed(&self, why: &str) -> Error {
         Error::cuda_msg(
             self.file
-                .ctx(OpKind::Read, self.offset)
+                .ctx(OpKind::Read, self.run.offset)
                 .with_backend("cuda"),
             why.to_string(),
         )
@@ -339,18 +358,17 @@ impl Run {
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn dst_offset(&self) -> usize {
-        self.dst_offset
+        self.run.dst_offset
     }
 
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.run.len
     }
 }
 
 /// Host destination: disjoint sub-slices, read within the engine's window.
 async fn read_host(
-    runs: &[&Run],
+    runs: &[RunOf<'_>],
     buf: &mut [u8],
     progress: Option<&Arc<Progress>>,
 ) -> Vec<Result<usize>> {
@@ -359,10 +377,10 @@ async fn read_host(
     let mut at = 0;
     // Runs are in destination order and disjoint (the plan guarantees it).
     for r in runs {
-        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.dst_offset - at);
-        let (piece, tail) = tail.split_at_mut(r.len);
+        let (_, tail) = std::mem::take(&mut rest).split_at_mut(r.dst_offset() - at);
+        let (piece, tail) = tail.split_at_mut(r.len());
         rest = tail;
-        at = r.dst_offset + r.len;
+        at = r.dst_offset() + r.len();
         pieces.push(piece);
     }
     read_bounded(runs, pieces, progress).await
@@ -372,7 +390,7 @@ async fn read_host(
 /// per-op window (at least one). A batch then holds no more bounce memory than one large
 /// read, so even a leaked batch future leaves the rest of the pool to other operations.
 pub(crate) async fn read_bounded<P: ReadDst + ?Sized>(
-    runs: &[&Run],
+    runs: &[RunOf<'_>],
     pieces: Vec<&mut P>,
     progress: Option<&Arc<Progress>>,
 ) -> Vec<Result<usize>> {
@@ -384,14 +402,14 @@ pub(crate) async fn read_bounded<P: ReadDst + ?Sized>(
     let mut in_flight = 0usize;
     loop {
         while let Some((_, (r, _))) = queue.peek() {
-            if in_flight > 0 && in_flight + r.len > window {
+            if in_flight > 0 && in_flight + r.len() > window {
                 break;
             }
             let Some((i, (r, piece))) = queue.next() else {
                 break;
             };
-            in_flight += r.len;
-            pending.push(async move { (i, r.len, r.read(piece, progress).await) });
+            in_flight += r.len();
+            pending.push(async move { (i, r.len(), r.read(piece, progress).await) });
         }
         match pending.next().await {
             Some((i, len, res)) => {

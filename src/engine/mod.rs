@@ -1,7 +1,6 @@
 //! [`Engine`]: a handle to one reactor thread and its bounce pool.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::error::{Error, OpKind, Result};
 use crate::op::engine_shared::EngineShared;
@@ -80,6 +79,9 @@ pub struct BackendInfo {
 /// leaving it to finish in the background (`Engine::shutdown` waits for good).
 const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Aligned to a cache line: the `Arc`'s counts, which every `File` clone changes, share no
+/// line with the handle's fields.
+#[repr(align(64))]
 struct EngineInner {
     shared: Arc<EngineShared>,
     /// The reactor thread, joined when the last handle goes (see the drop).
@@ -224,7 +226,7 @@ impl Engine {
     /// Small reads (into host or device memory) so far that the polling thread served straight from the
     /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
     pub fn cached_reads(&self) -> u64 {
-        self.inner.shared.stats.cached_reads.load(Ordering::Relaxed)
+        self.inner.shared.stats.cached_reads.load()
     }
 
     /// Where this engine's pieces have spent their time so far: take two and subtract

@@ -17,7 +17,7 @@ use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::op::future::{Either, NoTransfer, OpFuture, Transfer};
-use crate::op::read::{HostCopyOut, ReadInto};
+use crate::op::read::{CopyOut, HostCopyOut, ReadInto};
 use crate::op::request::{DeviceHint, OpRequest};
 use crate::op::write::{HostFill, WriteFrom};
 use crate::plan::MAX_POS;
@@ -109,7 +109,7 @@ impl File {
         Ok(self.len()? == 0)
     }
 
-    fn check(&self, op: OpKind, offset: u64, len: usize) -> Result<()> {
+    pub(crate) fn check(&self, op: OpKind, offset: u64, len: usize) -> Result<()> {
         let (ok, what) = match op {
             OpKind::Read => (self.inner.readable, "read"),
             _ => (self.inner.writable, "write"),
@@ -203,29 +203,53 @@ impl File {
     ) -> ReadInto<'a> {
         let target = dst.target();
         let len = target.len();
-        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-        let mut device = None;
         let transfer = match target {
             ReadTarget::Host(dst) => Either::Host(HostCopyOut { dst, offset }),
             #[cfg(feature = "cuda")]
             ReadTarget::Device(dst) => {
-                device = Some(dst.own_stream().context().clone());
                 Either::Device(crate::op::device::DeviceCopyOut::new(dst, offset))
             }
         };
-        let inner = self.start(OpKind::Read, offset, len, device, transfer);
         // A small read of a buffered file may be served from the page cache at first poll
-        // (`op::cached`): only a valid request the reactor would otherwise take.
+        // (`op::cached`); the op is built only if it is not.
         let t = &self.inner;
-        let shared = self.engine.shared();
-        let cached = (inner.is_unsent()
+        let cached = len > 0
             && len <= crate::op::cached::CACHED_READ_MAX
-            && shared.policy.cached_fast_path
+            && self.engine.shared().policy.cached_fast_path
             && t.nvme.is_none()
             && t.dio.is_none()
-            && t.fd.is_some())
-        .then_some(&**t);
-        ReadInto { inner, cached }
+            && t.fd.is_some();
+        if cached {
+            ReadInto::first_poll(self, offset, transfer)
+        } else {
+            ReadInto::op(self.start_read(offset, transfer))
+        }
+    }
+
+    /// The op of a read into `transfer`'s destination at `offset`.
+    pub(crate) fn start_read<'a>(
+        &self,
+        offset: u64,
+        transfer: CopyOut<'a>,
+    ) -> OpFuture<CopyOut<'a>> {
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut device = None;
+        let len = match &transfer {
+            Either::Host(h) => h.dst.len(),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => {
+                device = Some(d.dst.own_stream().context().clone());
+                d.dst.byte_len()
+            }
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => 0,
+        };
+        self.start(OpKind::Read, offset, len, device, transfer)
+    }
+
+    /// The file's shared state.
+    pub(crate) fn target(&self) -> &Target {
+        &self.inner
     }
 
     /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`]

@@ -35,13 +35,6 @@ pub(crate) static FLUSHES: AtomicU64 = AtomicU64::new(0);
 /// See [`FLUSHES`].
 pub(crate) static COPIES: AtomicU64 = AtomicU64::new(0);
 
-/// Where a read's pieces go instead of its own copies: the batch's combiner, and the engine
-/// the read's slots belong to.
-pub(crate) struct Combine {
-    pub(crate) combiner: Arc<CopyCombiner>,
-    pub(crate) engine: Arc<EngineShared>,
-}
-
 /// Landed pieces of one read, waiting for the batch's next flush.
 pub(crate) struct Combined {
     pub(crate) engine: Arc<EngineShared>,

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async};
 use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
-use super::combine::{Combine, Combined};
+use super::combine::{Combined, CopyCombiner};
+use super::engine_shared::EngineShared;
 use super::future::Transfer;
 use super::gate::Gated;
 use super::msg::Msg;
@@ -149,7 +150,7 @@ pub(crate) struct DeviceCopyOut<'a> {
     pub(crate) stream: Option<Arc<CudaStream>>,
     pub(crate) error: Option<Error>,
     /// Hand the pieces to a batch that copies them with its other reads' (`op::combine`).
-    pub(crate) combine: Option<Combine>,
+    pub(crate) combine: Option<Arc<CopyCombiner>>,
     /// The plan, once chosen.
     plan: Option<DeviceCopyPlan>,
 }
@@ -228,7 +229,6 @@ impl DeviceCopyOut<'_> {
                 // A batch's range: the pointer only (the batch records cudarc's event itself).
                 let (dptr, _range) = self.dst.write_ptr(&own);
                 return c
-                    .combiner
                     .read_cached(fd, refused, &own, dptr, self.offset, len)
                     .map(Ok);
             }
@@ -389,9 +389,10 @@ impl Transfer for DeviceCopyOut<'_> {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        arena: &Arc<BounceArena>,
+        engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
+        let arena = &engine.arena;
         let (offset, len) = (self.offset, self.dst.byte_len());
         let own = self.dst.own_stream().clone();
         let plan = self.copy_plan();
@@ -399,8 +400,8 @@ impl Transfer for DeviceCopyOut<'_> {
             (DeviceCopyPlan::Combined, Some(c)) => {
                 // The batch issues these copies with its other reads' before this poll returns.
                 let (dptr, _noop) = self.dst.write_ptr(&own);
-                c.combiner.push(Combined {
-                    engine: c.engine.clone(),
+                c.push(Combined {
+                    engine: engine.clone(),
                     arena: arena.clone(),
                     shared: shared.clone(),
                     pieces,
@@ -517,9 +518,10 @@ impl Transfer for DeviceFill<'_> {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        arena: &Arc<BounceArena>,
+        engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
+        let arena = &engine.arena;
         let (offset, src) = (self.offset, self.src);
         let staging = shared.staging.get();
         let issued = queue_device_copies(arena, self.stream.as_ref(), src.own_stream(), |stream| {

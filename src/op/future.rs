@@ -11,7 +11,6 @@ use super::msg::{Msg, SubmitMsg};
 use super::progress::{OpProgress, Progress};
 use super::request::OpRequest;
 use super::{OpShared, ReadyPieces};
-use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
 
 /// How a future moves data between bounce slots and caller memory.
@@ -22,7 +21,7 @@ pub(crate) trait Transfer: Send + Unpin {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        _arena: &Arc<BounceArena>,
+        _engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         debug_assert!(pieces.is_empty());
@@ -49,12 +48,12 @@ impl<H: Transfer, D: Transfer> Transfer for Either<H, D> {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        arena: &Arc<BounceArena>,
+        engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
         match self {
-            Either::Host(t) => t.transfer(pieces, arena, shared),
-            Either::Device(t) => t.transfer(pieces, arena, shared),
+            Either::Host(t) => t.transfer(pieces, engine, shared),
+            Either::Device(t) => t.transfer(pieces, engine, shared),
         }
     }
 
@@ -108,11 +107,9 @@ impl<T: Transfer> OpFuture<T> {
         self.progress = Some(OpProgress::new(progress, len));
     }
 
-    /// Counts bytes the caller moved without the reactor (the page-cache fast path).
-    pub(crate) fn count(&mut self, n: u64) {
-        if let Some(p) = &mut self.progress {
-            p.add(n);
-        }
+    /// Reports to `progress` (an op share made before the op was: `ReadInto`'s first poll).
+    pub(crate) fn set_progress(&mut self, progress: Option<OpProgress>) {
+        self.progress = progress;
     }
 
     /// Counts what the pieces did not of an op that ended with `r`.
@@ -125,23 +122,6 @@ impl<T: Transfer> OpFuture<T> {
     /// The transfer, to adjust before the first poll or to read back after the result.
     pub(crate) fn transfer_mut(&mut self) -> &mut T {
         &mut self.transfer
-    }
-
-    /// The engine the op runs on.
-    pub(crate) fn engine(&self) -> &Arc<EngineShared> {
-        &self.engine
-    }
-
-    /// Whether the op has not gone to the reactor yet (and is not finished already).
-    pub(crate) fn is_unsent(&self) -> bool {
-        matches!(self.state, OpState::Unsent(_))
-    }
-
-    /// Ends an op that was served without the reactor: it is never sent, and a later poll
-    /// reports the misuse instead of starting it.
-    pub(crate) fn finish_unsent(&mut self) {
-        debug_assert!(self.is_unsent());
-        self.state = OpState::Done;
     }
 
     /// A future for `req`, sent on first poll.
@@ -265,7 +245,7 @@ impl<T: Transfer> Future for OpFuture<T> {
                 if let Some(p) = &mut this.progress {
                     p.add(pieces.iter().map(|p| p.valid as u64).sum());
                 }
-                if let Some(msg) = this.transfer.transfer(pieces, &this.engine.arena, &shared) {
+                if let Some(msg) = this.transfer.transfer(pieces, &this.engine, &shared) {
                     this.engine.reactor.send(msg);
                 }
                 if let Some(e) = this.transfer.take_error() {

@@ -6,12 +6,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
+use super::engine_shared::EngineShared;
 #[cfg(not(feature = "cuda"))]
 use super::future::NoTransfer;
 use super::future::{Either, OpFuture, Transfer};
 use super::msg::Msg;
 use super::{OpShared, ReadyPieces};
-use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
 /// Copies read pieces into `dst`, which stands for file bytes `[offset, offset + dst.len())`.
@@ -24,9 +24,10 @@ impl Transfer for HostCopyOut<'_> {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        arena: &Arc<BounceArena>,
+        engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
+        let arena = &engine.arena;
         let mut slots = super::SlotList::with_capacity(pieces.len());
         for p in pieces {
             if let Some((from, to, n)) = p.overlap(self.offset, self.dst.len()) {
@@ -73,36 +74,87 @@ pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, NoTransfer>;
 /// synchronize the stream before reading it from the host by other means.
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadInto<'a> {
-    pub(crate) inner: OpFuture<CopyOut<'a>>,
-    /// The file, when the first poll may serve the read from the page cache.
-    pub(crate) cached: Option<&'a crate::target::Target>,
+    stage: ReadStage<'a>,
 }
 
-impl ReadInto<'_> {
+enum ReadStage<'a> {
+    /// A small read of a buffered file, not polled yet: the first poll tries the page cache
+    /// (`op::cached`) and builds the op only where that fails.
+    FirstPoll(FirstPoll<'a>),
+    /// The op, sent to the reactor at its first poll.
+    Op(OpFuture<CopyOut<'a>>),
+    /// Served from the page cache and returned.
+    Done,
+}
+
+/// What a read served from the page cache needs, borrowed. The op's request holds the file,
+/// the engine and the device's context by `Arc`: handles every runtime thread shares, whose
+/// counts each clone and drop would move between the cores' caches, several times per 4 KiB
+/// read (measured in `BENCHMARKS.md`, thirteenth session). A read the page cache serves never
+/// takes them.
+struct FirstPoll<'a> {
+    file: &'a crate::File,
+    offset: u64,
+    transfer: CopyOut<'a>,
+    progress: Option<super::progress::OpProgress>,
+}
+
+impl<'a> ReadInto<'a> {
+    /// A read whose first poll may serve it from the page cache.
+    pub(crate) fn first_poll(file: &'a crate::File, offset: u64, transfer: CopyOut<'a>) -> Self {
+        ReadInto {
+            stage: ReadStage::FirstPoll(FirstPoll {
+                file,
+                offset,
+                transfer,
+                progress: None,
+            }),
+        }
+    }
+
+    /// A read that goes to the reactor.
+    pub(crate) fn op(op: OpFuture<CopyOut<'a>>) -> Self {
+        ReadInto {
+            stage: ReadStage::Op(op),
+        }
+    }
+
+    /// The transfer, before the first poll (`None` once served).
+    fn transfer_mut(&mut self) -> Option<&mut CopyOut<'a>> {
+        match &mut self.stage {
+            ReadStage::FirstPoll(f) => Some(&mut f.transfer),
+            ReadStage::Op(op) => Some(op.transfer_mut()),
+            ReadStage::Done => None,
+        }
+    }
+
     /// Orders the device copies on `stream` instead of the destination's own stream, so that
     /// kernels the caller launches on `stream` afterwards see the data. No effect for host
     /// destinations. Call before the first poll.
     #[cfg(feature = "cuda")]
     pub fn on_stream(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
-        if let Either::Device(d) = self.inner.transfer_mut() {
+        if let Some(Either::Device(d)) = self.transfer_mut() {
             d.stream = Some(stream.clone());
         }
         self
     }
-}
 
-impl ReadInto<'_> {
     /// Reports the bytes this read moves to `progress` (its `done`; the caller plans its
     /// `total`). Call before the first poll.
     pub fn with_progress(mut self, progress: &Arc<super::progress::Progress>) -> Self {
-        let len = match self.inner.transfer_mut() {
-            Either::Host(h) => h.dst.len(),
+        let len = match self.transfer_mut() {
+            Some(Either::Host(h)) => h.dst.len(),
             #[cfg(feature = "cuda")]
-            Either::Device(d) => d.dst.byte_len(),
-            #[cfg(not(feature = "cuda"))]
-            Either::Device(_) => 0,
-        };
-        self.inner.track(progress, len as u64);
+            Some(Either::Device(d)) => d.dst.byte_len(),
+            _ => 0,
+        } as u64;
+        match &mut self.stage {
+            ReadStage::FirstPoll(f) => {
+                f.progress = Some(super::progress::OpProgress::new(progress, len));
+            }
+            ReadStage::Op(op) => op.track(progress, len),
+            ReadStage::Done => {}
+        }
         self
     }
 
@@ -110,51 +162,77 @@ impl ReadInto<'_> {
     /// other reads'. No effect for host destinations. Call before the first poll.
     #[cfg(feature = "cuda")]
     pub(crate) fn combined(mut self, combiner: &Arc<super::combine::CopyCombiner>) -> Self {
-        let engine = self.inner.engine().clone();
-        if let Either::Device(d) = self.inner.transfer_mut() {
-            d.combine = Some(super::combine::Combine {
-                combiner: combiner.clone(),
-                engine,
-            });
+        if let Some(Either::Device(d)) = self.transfer_mut() {
+            d.combine = Some(combiner.clone());
         }
         self
+    }
+}
+
+impl FirstPoll<'_> {
+    /// Serves the read from the page cache, or `None` where it must go through the reactor.
+    fn serve_cached(&mut self) -> Option<Result<usize>> {
+        let (file, target) = (self.file, self.file.target());
+        let engine = file.engine().shared();
+        let len = match &self.transfer {
+            Either::Host(h) => h.dst.len(),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => d.dst.byte_len(),
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => return None,
+        };
+        // An invalid request gets its error from the op; and with a write of this file
+        // unfinished the reactor's range fence must order the read after overlapping write
+        // pieces in the kernel, which this read would not wait for.
+        if file
+            .check(crate::error::OpKind::Read, self.offset, len)
+            .is_err()
+            || engine.reactor.is_dead()
+            || engine.writes_pending.any(&target.fence_key)
+        {
+            return None;
+        }
+        let (fd, refused) = (target.raw_fd(), &target.nowait_refused);
+        let served = match &mut self.transfer {
+            Either::Host(h) => super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => d.read_cached(fd, refused),
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => None,
+        }?;
+        if let Ok(n) = &served {
+            if let Some(p) = &mut self.progress {
+                p.add(*n as u64);
+            }
+            engine.stats.cached_reads.add(1);
+        }
+        Some(served)
     }
 }
 
 impl Future for ReadInto<'_> {
     type Output = Result<usize>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
-        if let Some(file) = self.cached.take() {
-            let this = &mut *self;
-            // No write of this file unfinished: the reactor's range fence orders reads after
-            // overlapping write pieces in the kernel, which this read would not wait for.
-            let engine = this.inner.engine();
-            let open = !engine.reactor.is_dead() && !engine.writes_pending.any(&file.fence_key);
-            if open {
-                let (fd, refused) = (file.raw_fd(), &file.nowait_refused);
-                let served = match this.inner.transfer_mut() {
-                    Either::Host(h) => {
-                        super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok)
-                    }
-                    #[cfg(feature = "cuda")]
-                    Either::Device(d) => d.read_cached(fd, refused),
-                    #[cfg(not(feature = "cuda"))]
-                    Either::Device(_) => None,
-                };
-                if let Some(result) = served {
-                    if let Ok(n) = &result {
-                        this.inner.count(*n as u64);
-                        this.inner
-                            .engine()
-                            .stats
-                            .cached_reads
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    this.inner.finish_unsent();
-                    return Poll::Ready(result);
-                }
+        let this = &mut *self;
+        if let ReadStage::FirstPoll(first) = &mut this.stage {
+            if let Some(result) = first.serve_cached() {
+                this.stage = ReadStage::Done;
+                return Poll::Ready(result);
             }
+            let ReadStage::FirstPoll(first) = std::mem::replace(&mut this.stage, ReadStage::Done)
+            else {
+                unreachable!()
+            };
+            let mut op = first.file.start_read(first.offset, first.transfer);
+            op.set_progress(first.progress);
+            this.stage = ReadStage::Op(op);
         }
-        Pin::new(&mut self.inner).poll(cx).map(super::to_usize)
+        match &mut this.stage {
+            ReadStage::Op(op) => Pin::new(op).poll(cx).map(super::to_usize),
+            _ => Poll::Ready(Err(crate::error::Error::invalid(
+                crate::error::Context::op(crate::error::OpKind::Read),
+                "future polled after it completed",
+            ))),
+        }
     }
 }

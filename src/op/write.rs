@@ -6,12 +6,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
+use super::engine_shared::EngineShared;
 #[cfg(not(feature = "cuda"))]
 use super::future::NoTransfer;
 use super::future::{Either, OpFuture, Transfer};
 use super::msg::Msg;
 use super::{OpShared, ReadyPieces};
-use crate::buf::arena::BounceArena;
 use crate::error::Result;
 
 /// Fills write pieces from `src`, which stands for file bytes `[offset, offset + src.len())`.
@@ -24,9 +24,10 @@ impl Transfer for HostFill<'_> {
     fn transfer(
         &mut self,
         pieces: ReadyPieces,
-        arena: &Arc<BounceArena>,
+        engine: &Arc<EngineShared>,
         shared: &Arc<OpShared>,
     ) -> Option<Msg> {
+        let arena = &engine.arena;
         for p in &pieces {
             let from = (p.piece.pos - self.offset) as usize;
             // SAFETY: the slot was handed to this future and comes back to the reactor only
