@@ -513,6 +513,7 @@ async fn device_batches_of_small_reads_combine_their_copies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_batches_served_from_the_page_cache() {
     const T: &str = "device_batches_served_from_the_page_cache";
+    const ROUNDS: usize = 40;
     if !gpuio::cuda::available() {
         skipped(format!("{T}: no usable CUDA device"));
         return;
@@ -527,7 +528,11 @@ async fn device_batches_served_from_the_page_cache() {
     let mut rng = fastrand::Rng::with_seed(22);
     let before = engine.cached_reads();
     let mut results = Vec::new();
-    for round in 0..8 {
+    // 40 batches of about 1.1 MiB each, all queued behind the spinner: each fills more than
+    // one pinned stage (1 MiB), none of those stages is free again before the spinner ends, and
+    // past the pool's 32 stages the rest stage in pageable memory. A stage written again
+    // before its copies ran would show as wrong bytes below.
+    for round in 0..ROUNDS {
         // 4 KiB-aligned reads two pages apart (none merge), plus odd sizes and offsets.
         let descs: Vec<ReadDesc> = (0..256)
             .map(|i| {
@@ -564,7 +569,8 @@ async fn device_batches_served_from_the_page_cache() {
             "{T}: no read was served from the page cache here (RWF_NOWAIT refused?)"
         ));
     } else {
-        eprintln!("{T}: {served} of 2048 reads served from the page cache");
-        assert!(served >= 1024, "only {served} of 2048 served");
+        let all = ROUNDS * 256;
+        eprintln!("{T}: {served} of {all} reads served from the page cache");
+        assert!(served as usize >= all / 2, "only {served} of {all} served");
     }
 }

@@ -2,8 +2,8 @@
 //! before acting on the message behind it, and [`EVENT_POOL`], completed events kept for reuse.
 
 use cudarc::driver::result::event;
-use cudarc::driver::sys::CUresult;
-use cudarc::driver::{CudaEvent, CudaStream};
+use cudarc::driver::sys::{self, CUresult};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream};
 
 /// A CUDA event the reactor polls (never waits on) before acting on the message behind it.
 /// An event seen complete goes back to [`EVENT_POOL`] when the gate is dropped.
@@ -80,7 +80,20 @@ impl EventPool {
         &self,
         stream: &CudaStream,
     ) -> Result<CudaEvent, cudarc::driver::DriverError> {
-        let key = stream.context().cu_ctx() as usize;
+        // SAFETY: `stream` is a live stream of its own context.
+        unsafe { self.record_raw(stream.context(), stream.cu_stream()) }
+    }
+
+    /// An event recorded on the raw stream `raw` of `ctx` now (a side stream of gpuio's).
+    ///
+    /// # Safety
+    /// `raw` must be a live stream of `ctx`.
+    pub(crate) unsafe fn record_raw(
+        &self,
+        ctx: &std::sync::Arc<CudaContext>,
+        raw: sys::CUstream,
+    ) -> Result<CudaEvent, cudarc::driver::DriverError> {
+        let key = ctx.cu_ctx() as usize;
         let kept = {
             let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
             free.iter_mut()
@@ -89,9 +102,14 @@ impl EventPool {
         };
         let ev = match kept {
             Some(ev) => ev,
-            None => stream.context().new_event(None)?,
+            None => ctx.new_event(None)?,
         };
-        match ev.record(stream) {
+        let recorded = ctx.bind_to_thread().and_then(|()| {
+            // SAFETY: the event belongs to `ctx`, now current; the caller guarantees `raw`
+            // is a live stream of it.
+            unsafe { event::record(ev.cu_event(), raw) }
+        });
+        match recorded {
             Ok(()) => Ok(ev),
             Err(e) => {
                 // The context may be gone (reset): none of its kept events is usable.

@@ -97,6 +97,8 @@ pub(crate) mod pinned;
 #[cfg(feature = "cuda")]
 pub(crate) mod side;
 #[cfg(feature = "cuda")]
+pub(crate) mod stage;
+#[cfg(feature = "cuda")]
 pub(crate) mod xfer;
 
 #[cfg(feature = "cuda")]

@@ -28,6 +28,7 @@ use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::side;
+use crate::cuda::stage::{PINNED_STAGE_LEN, PinnedStage};
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
 /// `gpuio bench`: how many copies one driver call carried).
@@ -49,16 +50,128 @@ pub(crate) struct Combined {
 }
 
 /// Reads of a batch served from the page cache (`op::cached`) during one poll: their bytes
-/// wait in a pageable stage (the polling thread's, borrowed until the flush), and their copies
-/// for the batch's next flush. Reads that do not fit go through the reactor.
+/// wait in a stage, and their copies for the batch's next flush (or until the stage is full).
 #[derive(Default)]
 struct StagedReads {
-    stage: Option<PageableStage>,
+    stage: Option<Stage>,
     used: usize,
     copies: Vec<CopySpec>,
     /// Whether the destination's stream takes staged copies (`device::stageable`), asked
     /// once per poll.
     usable: Option<bool>,
+    /// Why copies queued when a stage filled up during this poll failed: the flush reports
+    /// it, and the batch fails its reads.
+    failed: Option<String>,
+}
+
+/// Host memory staged reads land in.
+enum Stage {
+    /// Lent by the process's pool of pinned stages (`cuda::stage`): the copy engine reads it
+    /// in stream order, and it is busy until the event behind the copies completes.
+    Pinned(PinnedStage),
+    /// The polling thread's pageable stage (where no pinned one is free): the driver has read
+    /// it when the copy call returns.
+    Pageable(PageableStage),
+}
+
+impl Stage {
+    /// A free stage for copies to `stream`'s device: pinned where one can be had.
+    fn take(stream: &CudaStream) -> Option<Stage> {
+        crate::cuda::stage::take(stream.context())
+            .map(Stage::Pinned)
+            .or_else(|| take_batch_stage().map(Stage::Pageable))
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Stage::Pinned(_) => PINNED_STAGE_LEN,
+            Stage::Pageable(_) => BATCH_STAGE_LEN,
+        }
+    }
+
+    fn addr(&self) -> u64 {
+        match self {
+            Stage::Pinned(s) => s.addr(),
+            Stage::Pageable(s) => s.addr(),
+        }
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        match self {
+            Stage::Pinned(s) => s.bytes(),
+            Stage::Pageable(s) => s.bytes(),
+        }
+    }
+}
+
+impl StagedReads {
+    /// Queues the copies out of the stage on `stream` and gives the stage back: a pinned one
+    /// busy behind an event recorded after them, a pageable one free (the driver read it during
+    /// the call). However this ends, nothing reads the stage afterwards except copies that
+    /// event stands behind.
+    fn queue(&mut self, stream: &Arc<CudaStream>) -> Result<(), String> {
+        let copies = std::mem::take(&mut self.copies);
+        self.used = 0;
+        let Some(stage) = self.stage.take() else {
+            return Ok(());
+        };
+        let ctx = stream.context();
+        if copies.is_empty() {
+            stage.give_back(None);
+            return Ok(());
+        }
+        if let Err(e) = ctx.bind_to_thread() {
+            stage.give_back(None);
+            return Err(format!("binding the context: {e}"));
+        }
+        let mut busy = None;
+        // In the destination stream's order: on it, or on the side stream for the legacy one
+        // (`stageable` accepted it when this poll's first read was staged).
+        let queued = side::queue_in_order(stream, |raw| match &stage {
+            Stage::Pinned(_) => {
+                // SAFETY: `raw` is a live stream of the context bound above, one `staged_ok`
+                // accepts; every source lies in the stage, pinned for every context, which no
+                // one writes until the event recorded below has completed (or the stream is
+                // drained here); every destination lies inside its read's range of the
+                // batch's destination, which the batch holds exclusively and whose runs are
+                // disjoint.
+                let queued = unsafe { copylist::queue(raw, &copies) }.and_then(|()| {
+                    // SAFETY: `raw` is a live stream of `ctx`.
+                    unsafe { EVENT_POOL.record_raw(ctx, raw) }
+                        .map_err(|e| format!("recording the stage's event: {e:?}"))
+                });
+                match queued {
+                    Ok(ev) => {
+                        busy = Some(ev);
+                        Ok(())
+                    }
+                    Err(why) => {
+                        // Some copies may be queued with no event behind them: let them finish,
+                        // so the stage is free when it goes back.
+                        // SAFETY: `raw` is a live stream of the current context.
+                        let _ = unsafe { crate::cuda::memops::synchronize(raw) };
+                        Err(why)
+                    }
+                }
+            }
+            // SAFETY: as above, except that every source lies in pageable memory of our own
+            // mapping that `queue_staged` has read when it returns.
+            Stage::Pageable(_) => unsafe { copylist::queue_staged(raw, &copies) },
+        })
+        .map_err(|e| e.to_string());
+        stage.give_back(busy);
+        queued
+    }
+}
+
+impl Stage {
+    /// Returns the stage to where it came from, busy until `busy` completes.
+    fn give_back(self, busy: Option<cudarc::driver::CudaEvent>) {
+        match self {
+            Stage::Pinned(s) => s.set_busy(busy),
+            Stage::Pageable(s) => keep_batch_stage(s),
+        }
+    }
 }
 
 /// Collects landed pieces during one poll of a batch; [`flush`](Self::flush) copies them.
@@ -90,79 +203,61 @@ impl CopyCombiner {
 
     /// Reads `len` bytes at `offset` of `fd` into the batch's stage if the page cache holds
     /// every one of them (`op::cached::try_read`), and keeps their copy to `dptr` for the next
-    /// flush. `None`: not served (not cached, no room left in the stage, any error); the read
-    /// goes through the reactor.
+    /// flush; a full stage has its copies queued first and the read goes into another. `None`:
+    /// not served (not cached, no stage to be had, any error); the read goes through the
+    /// reactor.
     pub(crate) fn read_cached(
         &self,
         fd: std::os::fd::RawFd,
         refused: &std::sync::atomic::AtomicBool,
-        stream: &CudaStream,
+        stream: &Arc<CudaStream>,
         dptr: u64,
         offset: u64,
         len: usize,
     ) -> Option<usize> {
         let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        if !*st.usable.get_or_insert_with(|| stageable(stream)) || len > PINNED_STAGE_LEN {
+            return None;
+        }
+        if st.stage.as_ref().is_some_and(|s| st.used + len > s.len()) {
+            if let Err(why) = st.queue(stream) {
+                st.failed.get_or_insert(why);
+            }
+        }
+        if st.stage.is_none() {
+            st.stage = Stage::take(stream);
+        }
         let StagedReads {
             stage,
             used,
             copies,
-            usable,
+            ..
         } = &mut *st;
-        if !*usable.get_or_insert_with(|| stageable(stream)) || *used + len > BATCH_STAGE_LEN {
-            return None;
-        }
-        if stage.is_none() {
-            *stage = take_batch_stage();
-        }
         let stage = stage.as_mut()?;
         let src = stage.addr() + *used as u64;
+        let direct = matches!(stage, Stage::Pinned(_));
         let n = try_read(fd, refused, &mut stage.bytes()[*used..*used + len], offset)?;
         if n > 0 {
             copies.push(CopySpec {
                 dst: dptr,
                 src,
                 n,
-                direct: false,
+                direct,
             });
             *used += n;
         }
         Some(n)
     }
 
-    /// Queues the staged reads' copies on `stream`; the stage is free again when this returns.
+    /// Queues the staged reads' copies on `stream`; the stage goes back busy behind them.
     fn flush_staged(&self, stream: &Arc<CudaStream>) -> Result<(), String> {
         let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         st.usable = None;
-        let queued = if st.copies.is_empty() {
-            Ok(())
-        } else {
-            stream
-                .context()
-                .bind_to_thread()
-                .map_err(|e| format!("binding the context: {e}"))
-                .and_then(|()| {
-                    // In the destination stream's order: on it, or on the side stream for
-                    // the legacy one (`stageable` accepted it when this poll's first read
-                    // was staged).
-                    side::queue_in_order(stream, |raw| {
-                        // SAFETY: `raw` is a live stream of the context bound above, one
-                        // `staged_ok` accepts (the destination's, or the side stream); every
-                        // source lies in the stage, pageable memory of our own mapping that
-                        // `queue_staged` has read when it returns (nothing writes it
-                        // meanwhile: the lock is held); every destination lies inside its
-                        // read's range of the batch's destination, which the batch holds
-                        // exclusively and whose runs are disjoint.
-                        unsafe { copylist::queue_staged(raw, &st.copies) }
-                    })
-                    .map_err(|e| e.to_string())
-                })
-        };
-        st.copies.clear();
-        st.used = 0;
-        if let Some(stage) = st.stage.take() {
-            keep_batch_stage(stage);
+        let queued = st.queue(stream);
+        match st.failed.take() {
+            Some(why) => Err(why),
+            None => queued,
         }
-        queued
     }
 
     /// Queues on `stream` (the destination's own) every copy handed over since the last
