@@ -419,10 +419,12 @@ async fn measure(
         // Each task owns its buffer; on a GPU, its own stream too, so copies overlap.
         let buf_len = match pattern {
             // `BenchArgs::check` made sure this fits in memory, hence in a usize.
-            Pattern::Batch => bs as usize * a.batch,
+            Pattern::Batch => bs as usize * a.batch * if a.scatter { 2 } else { 1 },
             _ => bs as usize,
         };
         let batch = a.batch;
+        // Blocks per destination slot: 2 leaves a block's room between neighbours.
+        let gap = if a.scatter { 2 } else { 1 };
         let owned = a.owned;
         // Tasks are spread over the GPUs round-robin.
         let mut buf = match cudas.get(t % cudas.len().max(1)) {
@@ -458,7 +460,7 @@ async fn measure(
                     let descs = (0..batch)
                         .map(|i| {
                             let off = rng.u64(0..slots_in_span) * bs;
-                            ReadDesc::new(&file, off, bs as usize, i * bs as usize)
+                            ReadDesc::new(&file, off, bs as usize, i * bs as usize * gap)
                         })
                         .collect();
                     let plan = BatchPlan::new(descs);
@@ -568,11 +570,12 @@ async fn measure(
         String::new()
     };
     outln!(
-        "{} {:?} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
+        "{} {:?}{} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB, {:.2} CPU s per million \
          requests), backend {served_by}{fast}",
         if a.direct { "O_DIRECT" } else { "buffered" },
         a.pattern,
+        if a.scatter { " (scattered)" } else { "" },
         a.rw,
         a.to,
         fmt_bytes(bs),

@@ -176,6 +176,11 @@ pub struct BenchArgs {
     /// Blocks per batch with --pattern batch.
     #[arg(long, default_value_t = 64, value_parser = validate::count(MAX_BATCH))]
     pub(crate) batch: usize,
+    /// With --pattern batch: each block lands a block apart from the last in the destination
+    /// (scattered, as the pages of a paged KV cache are) instead of next to it, so no two
+    /// blocks' copies can be joined; the buffer is twice the batch.
+    #[arg(long)]
+    pub(crate) scatter: bool,
     /// O_DIRECT.
     #[arg(long)]
     pub(crate) direct: bool,
@@ -344,6 +349,9 @@ impl BenchArgs {
         if self.pattern == Pattern::Batch && self.rw == Rw::Write {
             return Err("--pattern batch reads (--rw read)".into());
         }
+        if self.scatter && self.pattern != Pattern::Batch {
+            return Err("--scatter places the blocks of --pattern batch".into());
+        }
         if self.backend.contains(&BenchBackend::Spdk) != self.nvme.is_some() {
             return Err("--backend spdk and --target TRID go together".into());
         }
@@ -356,7 +364,9 @@ impl BenchArgs {
         let max_bs = self.bs.iter().map(|b| b.0).max().unwrap_or(0);
         let max_qd = self.qd.iter().copied().max().unwrap_or(0) as u64;
         let per_task = match self.pattern {
-            Pattern::Batch => max_bs.checked_mul(self.batch as u64),
+            Pattern::Batch => max_bs
+                .checked_mul(self.batch as u64)
+                .and_then(|b| b.checked_mul(if self.scatter { 2 } else { 1 })),
             _ => Some(max_bs),
         };
         let per_task = per_task.filter(|&b| usize::try_from(b).is_ok());
