@@ -43,6 +43,19 @@ impl EventGate {
     }
 }
 
+impl EventGate {
+    /// Blocks until the event has completed (`Err`: the event or its context failed).
+    pub(crate) fn wait(&self) -> Result<(), String> {
+        let Some(ev) = self.event.as_ref() else {
+            return Err("event gone".into());
+        };
+        ev.synchronize().map_err(|e| format!("{e:?}"))?;
+        self.passed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+}
+
 impl Drop for EventGate {
     fn drop(&mut self) {
         // Only an event known to have completed is reused: re-recording a pending one is legal

@@ -5,12 +5,13 @@
 //! 2.04 M copies/s pinned against 0.63 M/s pageable (BENCHMARKS.md, thirteenth session).
 //!
 //! A stage is written only while it is free: taken from the pool before any copy out of it
-//! was queued, or after the event recorded behind its last copies has completed. Stages are
-//! made on demand, at most [`MAX_STAGES`], and kept for the process's life (a dropped
-//! [`PinnedStage`] goes back to the pool, never to the system): unpinning
-//! (`cuMemHostUnregister`) waits for the device's work, which a polling thread must not, and
-//! memory a copy may still read must not be unmapped. Past the limit, or where pinning
-//! fails, batches stage in pageable memory as before.
+//! was queued, or after the event recorded behind its last copies has completed. Each engine
+//! has a pool ([`StagePool`]); stages are made on demand, at most [`MAX_STAGES`] per pool, and
+//! a dropped [`PinnedStage`] goes back to its pool, never to the system. When the engine and
+//! every stage it lent are gone, the pool is emptied on a thread of its own: it waits for each
+//! stage's last copies, then unpins and unmaps it (`cuMemHostUnregister` waits for all of the
+//! device's work, which an engine's drop must not). Past the limit, or where pinning fails,
+//! batches stage in pageable memory as before.
 
 use std::collections::VecDeque;
 use std::ptr::NonNull;
@@ -25,13 +26,23 @@ use super::pinned::PinnedRegion;
 /// copies and goes on in another.
 pub(crate) const PINNED_STAGE_LEN: usize = 1 << 20;
 
-/// Most stages the process makes (32 MiB of page-locked memory).
+/// Most stages one engine makes (32 MiB of page-locked memory).
 const MAX_STAGES: usize = 32;
 
-/// The memory of one stage: a private anonymous mapping, page-locked for every context.
+/// The memory of one stage: a private anonymous mapping, page-locked for every context;
+/// unpinned, then unmapped, when dropped (only once no copy can read it).
 struct StageMem {
     ptr: NonNull<u8>,
-    _pin: PinnedRegion,
+    pin: Option<PinnedRegion>,
+}
+
+impl Drop for StageMem {
+    fn drop(&mut self) {
+        drop(self.pin.take());
+        // SAFETY: our own mapping of `PINNED_STAGE_LEN` bytes, unregistered above; its owner
+        // drops it only once no copy can read it and nothing else refers to it.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PINNED_STAGE_LEN) };
+    }
 }
 
 // SAFETY: the mapping is owned by this value, and moving it moves that ownership; the
@@ -39,6 +50,7 @@ struct StageMem {
 unsafe impl Send for StageMem {}
 
 /// Stages not in use, oldest first, each with the event behind its last copies.
+#[derive(Default)]
 struct Pool {
     free: VecDeque<(StageMem, Option<EventGate>)>,
     made: usize,
@@ -46,17 +58,41 @@ struct Pool {
     broken: bool,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool {
-    free: VecDeque::new(),
-    made: 0,
-    broken: false,
-});
+/// One engine's pinned stages (see the module docs).
+#[derive(Default)]
+pub(crate) struct StagePool {
+    pool: Mutex<Pool>,
+}
+
+impl Drop for StagePool {
+    fn drop(&mut self) {
+        let pool = std::mem::take(self.pool.get_mut().unwrap_or_else(|p| p.into_inner()));
+        if pool.free.is_empty() {
+            return;
+        }
+        let job = move || {
+            for (mem, busy) in pool.free {
+                match busy.map_or(Ok(()), |e| e.wait()) {
+                    Ok(()) => drop(mem),
+                    // Whether copies still read it is unknown: leave it mapped and pinned.
+                    Err(_) => std::mem::forget(mem),
+                }
+            }
+        };
+        // If no thread can be started the stages stay mapped (leaked), rather than this drop
+        // waiting for the device's work.
+        let _ = std::thread::Builder::new()
+            .name("gpuio-unpin".into())
+            .spawn(job);
+    }
+}
 
 /// A free pinned stage, lent by the pool; it goes back to it when dropped, with the event
 /// [`set_busy`](Self::set_busy) gave it.
 pub(crate) struct PinnedStage {
     mem: Option<StageMem>,
     busy: Option<EventGate>,
+    pool: Arc<StagePool>,
 }
 
 impl PinnedStage {
@@ -100,9 +136,12 @@ impl PinnedStage {
             return None;
         }
         let ptr = NonNull::new(p.cast::<u8>())?;
-        // SAFETY: the mapping is never unmapped while registered: a stage lives for the process.
+        // SAFETY: the mapping is unmapped only by `StageMem`'s drop, which unregisters first.
         match unsafe { PinnedRegion::register(ctx, ptr.as_ptr(), PINNED_STAGE_LEN) } {
-            Ok(pin) => Some(StageMem { ptr, _pin: pin }),
+            Ok(pin) => Some(StageMem {
+                ptr,
+                pin: Some(pin),
+            }),
             Err(why) => {
                 tracing::debug!(%why, "batch stages stay pageable");
                 // SAFETY: our own mapping, never registered or handed out.
@@ -116,53 +155,54 @@ impl PinnedStage {
 impl Drop for PinnedStage {
     fn drop(&mut self) {
         if let Some(mem) = self.mem.take() {
-            let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
+            let mut pool = self.pool.pool.lock().unwrap_or_else(|p| p.into_inner());
             pool.free.push_back((mem, self.busy.take()));
         }
     }
 }
 
-/// A free stage: the oldest kept one if its copies have finished, else a new one while fewer
-/// than [`MAX_STAGES`] exist (pinned through `ctx`, for every context). `None`: none is free
-/// now; the caller stages in pageable memory.
-pub(crate) fn take(ctx: &Arc<CudaContext>) -> Option<PinnedStage> {
-    let mut pool = POOL.lock().unwrap_or_else(|p| p.into_inner());
-    if pool.broken {
-        return None;
-    }
-    if let Some((_, busy)) = pool.free.front() {
-        match busy.as_ref().map_or(Ok(true), |e| e.query()) {
-            Ok(true) => {
-                let (mem, _done) = pool.free.pop_front()?;
-                return Some(PinnedStage {
-                    mem: Some(mem),
-                    busy: None,
-                });
-            }
-            Ok(false) => {}
-            Err(why) => {
-                // Its context failed: whether the copies still read the stage is unknown, so
-                // it is never written again (its memory stays mapped and pinned).
-                tracing::debug!(%why, "a pinned batch stage is retired");
-                if let Some(lost) = pool.free.pop_front() {
-                    std::mem::forget(lost);
+impl StagePool {
+    /// A free stage: the oldest kept one if its copies have finished, else a new one while
+    /// fewer than [`MAX_STAGES`] exist (pinned through `ctx`, for every context). `None`: none
+    /// is free now; the caller stages in pageable memory.
+    pub(crate) fn take(self: &Arc<Self>, ctx: &Arc<CudaContext>) -> Option<PinnedStage> {
+        let lend = |mem| PinnedStage {
+            mem: Some(mem),
+            busy: None,
+            pool: self.clone(),
+        };
+        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        if pool.broken {
+            return None;
+        }
+        if let Some((_, busy)) = pool.free.front() {
+            match busy.as_ref().map_or(Ok(true), |e| e.query()) {
+                Ok(true) => {
+                    let (mem, _done) = pool.free.pop_front()?;
+                    return Some(lend(mem));
+                }
+                Ok(false) => {}
+                Err(why) => {
+                    // Its context failed: whether the copies still read the stage is unknown,
+                    // so it is never written or unmapped again.
+                    tracing::debug!(%why, "a pinned batch stage is retired");
+                    if let Some(lost) = pool.free.pop_front() {
+                        std::mem::forget(lost);
+                    }
                 }
             }
         }
-    }
-    if pool.made >= MAX_STAGES {
-        return None;
-    }
-    pool.made += 1;
-    drop(pool);
-    match PinnedStage::make(ctx) {
-        Some(mem) => Some(PinnedStage {
-            mem: Some(mem),
-            busy: None,
-        }),
-        None => {
-            POOL.lock().unwrap_or_else(|p| p.into_inner()).broken = true;
-            None
+        if pool.made >= MAX_STAGES {
+            return None;
+        }
+        pool.made += 1;
+        drop(pool);
+        match PinnedStage::make(ctx) {
+            Some(mem) => Some(lend(mem)),
+            None => {
+                self.pool.lock().unwrap_or_else(|p| p.into_inner()).broken = true;
+                None
+            }
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::side;
-use crate::cuda::stage::{PINNED_STAGE_LEN, PinnedStage};
+use crate::cuda::stage::{PINNED_STAGE_LEN, PinnedStage, StagePool};
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
 /// `gpuio bench`: how many copies one driver call carried).
@@ -75,9 +75,11 @@ enum Stage {
 }
 
 impl Stage {
-    /// A free stage for copies to `stream`'s device: pinned where one can be had.
-    fn take(stream: &CudaStream) -> Option<Stage> {
-        crate::cuda::stage::take(stream.context())
+    /// A free stage for copies to `stream`'s device: pinned (from `stages`) where one can be
+    /// had.
+    fn take(stream: &CudaStream, stages: &Arc<StagePool>) -> Option<Stage> {
+        stages
+            .take(stream.context())
             .map(Stage::Pinned)
             .or_else(|| take_batch_stage().map(Stage::Pageable))
     }
@@ -174,6 +176,14 @@ impl Stage {
     }
 }
 
+/// A read of a batch the page cache may serve: `len` bytes at file `offset`, for device
+/// address `dptr`.
+pub(crate) struct CachedRead {
+    pub(crate) dptr: u64,
+    pub(crate) offset: u64,
+    pub(crate) len: usize,
+}
+
 /// Collects landed pieces during one poll of a batch; [`flush`](Self::flush) copies them.
 #[derive(Default)]
 pub(crate) struct CopyCombiner {
@@ -211,10 +221,10 @@ impl CopyCombiner {
         fd: std::os::fd::RawFd,
         refused: &std::sync::atomic::AtomicBool,
         stream: &Arc<CudaStream>,
-        dptr: u64,
-        offset: u64,
-        len: usize,
+        stages: &Arc<StagePool>,
+        read: CachedRead,
     ) -> Option<usize> {
+        let CachedRead { dptr, offset, len } = read;
         let mut st = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         if !*st.usable.get_or_insert_with(|| stageable(stream)) || len > PINNED_STAGE_LEN {
             return None;
@@ -225,7 +235,7 @@ impl CopyCombiner {
             }
         }
         if st.stage.is_none() {
-            st.stage = Stage::take(stream);
+            st.stage = Stage::take(stream, stages);
         }
         let StagedReads {
             stage,

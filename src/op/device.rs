@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cudarc::driver::result::{memcpy_dtod_async, memcpy_dtoh_async, memcpy_htod_async};
 use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
-use super::combine::{Combined, CopyCombiner};
+use super::combine::{CachedRead, Combined, CopyCombiner};
 use super::engine_shared::EngineShared;
 use super::future::Transfer;
 use super::gate::Gated;
@@ -220,6 +220,7 @@ impl DeviceCopyOut<'_> {
         &mut self,
         fd: std::os::fd::RawFd,
         refused: &std::sync::atomic::AtomicBool,
+        stages: &Arc<crate::cuda::stage::StagePool>,
     ) -> Option<Result<usize, Error>> {
         let len = self.dst.byte_len();
         let own = self.dst.own_stream().clone();
@@ -228,9 +229,12 @@ impl DeviceCopyOut<'_> {
                 let c = self.combine.as_ref()?; // always there: the plan is chosen from it
                 // A batch's range: the pointer only (the batch records cudarc's event itself).
                 let (dptr, _range) = self.dst.write_ptr(&own);
-                return c
-                    .read_cached(fd, refused, &own, dptr, self.offset, len)
-                    .map(Ok);
+                let read = CachedRead {
+                    dptr,
+                    offset: self.offset,
+                    len,
+                };
+                return c.read_cached(fd, refused, &own, stages, read).map(Ok);
             }
             DeviceCopyPlan::Staged => {}
             DeviceCopyPlan::PerPiece => return None,

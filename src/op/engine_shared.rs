@@ -52,6 +52,9 @@ pub(crate) struct EngineShared {
     pub(crate) writes_pending: Arc<PendingWrites>,
     pub(crate) policy: OpPolicy,
     pub(crate) stats: EngineStats,
+    /// Pinned memory batches into device memory stage page-cache reads in (`cuda::stage`).
+    #[cfg(feature = "cuda")]
+    pub(crate) stages: Arc<crate::cuda::stage::StagePool>,
 }
 
 impl EngineShared {
@@ -62,6 +65,8 @@ impl EngineShared {
             writes_pending: Arc::new(PendingWrites::new()),
             policy,
             stats: EngineStats::default(),
+            #[cfg(feature = "cuda")]
+            stages: Arc::default(),
         }
     }
 }

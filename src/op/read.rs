@@ -196,7 +196,7 @@ impl FirstPoll<'_> {
         let served = match &mut self.transfer {
             Either::Host(h) => super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok),
             #[cfg(feature = "cuda")]
-            Either::Device(d) => d.read_cached(fd, refused),
+            Either::Device(d) => d.read_cached(fd, refused, &engine.stages),
             #[cfg(not(feature = "cuda"))]
             Either::Device(_) => None,
         }?;
