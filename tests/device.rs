@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::cuda::cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
 };
@@ -707,9 +708,9 @@ async fn small_reads_return_their_slots_before_the_copies_run() {
     }
 }
 
-/// Dropping an engine whose bounce pool is pinned never waits for a kernel on another stream:
-/// `cuMemHostUnregister` waits for the whole device (1.7 s behind a 2 s kernel on the H100),
-/// so the pool is unpinned on a thread of its own.
+/// Dropping an engine whose bounce pool and batch stages are pinned never waits for a kernel
+/// on another stream: `cuMemHostUnregister` waits for the whole device (1.7 s behind a 2 s
+/// kernel on the H100), so both are unpinned on a thread of their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_an_engine_never_waits_for_other_streams_kernels() {
     const T: &str = "dropping_an_engine_never_waits_for_other_streams_kernels";
@@ -731,6 +732,18 @@ async fn dropping_an_engine_never_waits_for_other_streams_kernels() {
     let mut spinner = Spinner::new(&other);
     let hold = Duration::from_secs(2);
     spinner.hold(&other, hold.as_nanos() as u64);
+    // A batch of small cached reads whose copies wait behind the kernel: the pinned stage they
+    // came through is still busy when the engine goes, so it must be neither waited for here
+    // nor unmapped before the copies have read it.
+    let mut small = other.alloc_zeros::<u8>(64 * 4096).unwrap();
+    let descs: Vec<ReadDesc> = (0..64)
+        .map(|i| ReadDesc::new(&f, (i * 8192) as u64, 4096, i * 4096))
+        .collect();
+    let batch = BatchPlan::new(descs.clone())
+        .read_into(&mut small)
+        .await
+        .exact(&descs);
+    assert!(batch.is_ok(), "{batch:?}");
     let t0 = std::time::Instant::now();
     drop(f);
     engine.shutdown().await.unwrap();
@@ -741,6 +754,14 @@ async fn dropping_an_engine_never_waits_for_other_streams_kernels() {
         took < hold / 2,
         "dropping the engine waited for another stream's kernel: {took:?}"
     );
+    let back = d2h(&other, &small);
+    for (i, d) in descs.iter().enumerate() {
+        let want = &data[d.offset as usize..d.offset as usize + 4096];
+        assert!(
+            back[i * 4096..(i + 1) * 4096] == *want,
+            "batch read {i} landed wrong after the engine was dropped"
+        );
+    }
     eprintln!("{T}: engine dropped in {took:?} beside a {hold:?} kernel");
 }
 
