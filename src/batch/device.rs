@@ -92,10 +92,15 @@ pub(crate) async fn read_batch_device(
             .map(|(r, range)| r.read(range, progress).combined(&combiner))
     ));
     std::future::poll_fn(|cx| {
+        // Records cudarc's write event for `dst` behind whatever the poll queued, on every way
+        // out of it (a stage that filled queues its copies in the middle of the poll).
+        let record = RecordWrite {
+            dst: &mut *dst,
+            own: &own,
+        };
         let polled = reads.as_mut().poll(cx);
         let flushed = combiner.flush(&own);
-        // Record cudarc's write event for `dst` behind whatever the poll queued.
-        drop(dst.write_ptr(&own));
+        drop(record);
         match flushed {
             Ok(()) => polled,
             // The runs' ops are cancelled as `reads` drops with this future.
@@ -103,4 +108,16 @@ pub(crate) async fn read_batch_device(
         }
     })
     .await
+}
+
+/// Records cudarc's write event for the destination on its own stream when dropped.
+struct RecordWrite<'a> {
+    dst: &'a mut dyn DeviceDst,
+    own: &'a Arc<CudaStream>,
+}
+
+impl Drop for RecordWrite<'_> {
+    fn drop(&mut self) {
+        drop(self.dst.write_ptr(self.own));
+    }
 }

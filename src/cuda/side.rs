@@ -119,8 +119,10 @@ impl std::fmt::Display for StagedError {
 /// Runs `queue(raw)`, which queues staged copies on stream `raw`, in `stream`'s order: on
 /// `stream` itself, or for the NULL and legacy streams ([`needs_side`]) on the context's side
 /// stream between two events (see the module docs). `stream`'s context must be current on
-/// this thread. Like `queue_staged`, the copies' sources are free when this returns, however
-/// it returns; on an error after the copies were queued, they have also finished.
+/// this thread. On an error after `queue` succeeded, the copies have also finished (the side
+/// stream is drained). The sources of copies `queue` reads during the call (`queue_staged`)
+/// are free when this returns, however it returns; for stream-ordered copies out of pinned
+/// memory, `queue` records the event that says when they are.
 pub(crate) fn queue_in_order(
     stream: &CudaStream,
     queue: impl FnOnce(sys::CUstream) -> Result<(), String>,

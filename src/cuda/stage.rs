@@ -38,9 +38,13 @@ struct StageMem {
 
 impl Drop for StageMem {
     fn drop(&mut self) {
+        // Unregistered where the driver lets us (a failed unregistration leaves the driver a
+        // stale record of memory no copy uses any more, nothing worse).
         drop(self.pin.take());
-        // SAFETY: our own mapping of `PINNED_STAGE_LEN` bytes, unregistered above; its owner
-        // drops it only once no copy can read it and nothing else refers to it.
+        // SAFETY: our own mapping of `PINNED_STAGE_LEN` bytes that nothing else refers to. A
+        // `StageMem` is dropped only once no copy can read it: the pool's drain waits for each
+        // stage's event first, and a stage whose copies cannot be accounted for (a failed
+        // query, wait or drain) is forgotten instead (`retire`, `take`, `StagePool::drop`).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), PINNED_STAGE_LEN) };
     }
 }
@@ -70,8 +74,12 @@ impl Drop for StagePool {
         if pool.free.is_empty() {
             return;
         }
+        // Only the thread lets the stages go: if it cannot be started, std drops the closure
+        // unrun, and `ManuallyDrop` then leaks the stages (mapped and pinned) rather than
+        // unmapping memory copies may still read, or this drop waiting for the device's work.
+        let pool = std::mem::ManuallyDrop::new(pool);
         let job = move || {
-            for (mem, busy) in pool.free {
+            for (mem, busy) in std::mem::ManuallyDrop::into_inner(pool).free {
                 match busy.map_or(Ok(()), |e| e.wait()) {
                     Ok(()) => drop(mem),
                     // Whether copies still read it is unknown: leave it mapped and pinned.
@@ -79,8 +87,6 @@ impl Drop for StagePool {
                 }
             }
         };
-        // If no thread can be started the stages stay mapped (leaked), rather than this drop
-        // waiting for the device's work.
         let _ = std::thread::Builder::new()
             .name("gpuio-unpin".into())
             .spawn(job);
@@ -101,8 +107,9 @@ impl PinnedStage {
         self.mem.as_ref().map_or(0, |m| m.ptr.as_ptr() as u64)
     }
 
-    /// The whole stage, writable: no copy out of it is pending (the pool lends only free
-    /// stages, and `set_busy` consumes the handle).
+    /// The whole stage, writable: no copy out of it is pending (the pool lends only stages
+    /// whose event has completed or that no copy used, a stage whose copies cannot be waited
+    /// for is retired, and `set_busy` and `retire` consume the handle).
     pub(crate) fn bytes(&mut self) -> &mut [u8] {
         match &self.mem {
             // SAFETY: the mapping is `PINNED_STAGE_LEN` bytes, readable and writable, lives for
@@ -117,6 +124,14 @@ impl PinnedStage {
     /// completes; `None`: no copy out of it is pending.
     pub(crate) fn set_busy(mut self, event: Option<cudarc::driver::CudaEvent>) {
         self.busy = event.map(EventGate::new);
+    }
+
+    /// Never lends the stage again, nor unmaps it: copies may still read it and nothing says
+    /// when they end (a failed drain). Its memory stays mapped and pinned for the process.
+    pub(crate) fn retire(mut self) {
+        if let Some(mem) = self.mem.take() {
+            std::mem::forget(mem);
+        }
     }
 
     fn make(ctx: &Arc<CudaContext>) -> Option<StageMem> {
@@ -176,7 +191,13 @@ impl StagePool {
             return None;
         }
         if let Some((_, busy)) = pool.free.front() {
-            match busy.as_ref().map_or(Ok(true), |e| e.query()) {
+            let queried = busy.as_ref().map_or(Ok(true), |e| e.query());
+            if busy.is_some() {
+                // The query made the event's context current (another GPU's, perhaps): the
+                // caller's thread goes on with the one it asked for.
+                let _ = ctx.bind_to_thread();
+            }
+            match queried {
                 Ok(true) => {
                     let (mem, _done) = pool.free.pop_front()?;
                     return Some(lend(mem));

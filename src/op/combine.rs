@@ -127,16 +127,20 @@ impl StagedReads {
             return Err(format!("binding the context: {e}"));
         }
         let mut busy = None;
+        // Set where copies may be queued out of the stage and could not be waited for.
+        let mut unaccounted = false;
         // In the destination stream's order: on it, or on the side stream for the legacy one
         // (`stageable` accepted it when this poll's first read was staged).
         let queued = side::queue_in_order(stream, |raw| match &stage {
             Stage::Pinned(_) => {
-                // SAFETY: `raw` is a live stream of the context bound above, one `staged_ok`
-                // accepts; every source lies in the stage, pinned for every context, which no
-                // one writes until the event recorded below has completed (or the stream is
-                // drained here); every destination lies inside its read's range of the
-                // batch's destination, which the batch holds exclusively and whose runs are
-                // disjoint.
+                // SAFETY: `raw` is a live stream of the context bound above. Every source lies
+                // in the stage, pinned for every context, which nothing writes until the event
+                // recorded below has completed, or the stream has been drained below, or never
+                // again (`unaccounted`: the stage is retired). Every destination lies inside
+                // the batch's destination (a joined copy spans neighbouring reads' ranges, all
+                // inside it), which the batch holds exclusively and which stays allocated
+                // until the stream has passed the copies (cudarc's write event is recorded
+                // behind them); the reads' ranges are disjoint, so no two copies' are.
                 let queued = unsafe { copylist::queue(raw, &copies) }.and_then(|()| {
                     // SAFETY: `raw` is a live stream of `ctx`.
                     unsafe { EVENT_POOL.record_raw(ctx, raw) }
@@ -151,17 +155,23 @@ impl StagedReads {
                         // Some copies may be queued with no event behind them: let them finish,
                         // so the stage is free when it goes back.
                         // SAFETY: `raw` is a live stream of the current context.
-                        let _ = unsafe { crate::cuda::memops::synchronize(raw) };
+                        unaccounted = unsafe { crate::cuda::memops::synchronize(raw) }.is_err();
                         Err(why)
                     }
                 }
             }
-            // SAFETY: as above, except that every source lies in pageable memory of our own
-            // mapping that `queue_staged` has read when it returns.
+            // SAFETY: `raw` is a live stream of the context bound above, one `staged_ok`
+            // accepts (`stageable` accepted the destination's stream this poll, and the side
+            // stream stands in for the legacy one); every source lies in pageable memory of our
+            // own mapping that `queue_staged` has read when it returns; the destinations are as
+            // above.
             Stage::Pageable(_) => unsafe { copylist::queue_staged(raw, &copies) },
         })
         .map_err(|e| e.to_string());
-        stage.give_back(busy);
+        match stage {
+            Stage::Pinned(s) if unaccounted => s.retire(),
+            stage => stage.give_back(busy),
+        }
         queued
     }
 }

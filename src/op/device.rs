@@ -215,7 +215,8 @@ impl DeviceCopyOut<'_> {
 
     /// Serves the read from the page cache if it holds every byte (`op::cached`): through
     /// this thread's pageable stage and one copy, or, for a batch's read, through the batch's
-    /// stage, whose copies its next flush queues in one call. `None`: not served.
+    /// stage (a pinned one of `stages` where one is free), whose copies are queued together
+    /// when it fills or at the batch's flush. `None`: not served.
     pub(crate) fn read_cached(
         &mut self,
         fd: std::os::fd::RawFd,
