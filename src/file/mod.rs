@@ -17,7 +17,7 @@ use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
 use crate::engine::Engine;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::op::future::{Either, NoTransfer, OpFuture, Transfer};
-use crate::op::read::{CopyOut, HostCopyOut, ReadInto};
+use crate::op::read::{CopyOut, HostCopyOut, ReadInto, ReadSource};
 use crate::op::request::{DeviceHint, OpRequest};
 use crate::op::write::{HostFill, WriteFrom};
 use crate::plan::MAX_POS;
@@ -109,7 +109,7 @@ impl File {
         Ok(self.len()? == 0)
     }
 
-    pub(crate) fn check(&self, op: OpKind, offset: u64, len: usize) -> Result<()> {
+    fn check(&self, op: OpKind, offset: u64, len: usize) -> Result<()> {
         let (ok, what) = match op {
             OpKind::Read => (self.inner.readable, "read"),
             _ => (self.inner.writable, "write"),
@@ -224,32 +224,6 @@ impl File {
         } else {
             ReadInto::op(self.start_read(offset, transfer))
         }
-    }
-
-    /// The op of a read into `transfer`'s destination at `offset`.
-    pub(crate) fn start_read<'a>(
-        &self,
-        offset: u64,
-        transfer: CopyOut<'a>,
-    ) -> OpFuture<CopyOut<'a>> {
-        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
-        let mut device = None;
-        let len = match &transfer {
-            Either::Host(h) => h.dst.len(),
-            #[cfg(feature = "cuda")]
-            Either::Device(d) => {
-                device = Some(d.dst.own_stream().context().clone());
-                d.dst.byte_len()
-            }
-            #[cfg(not(feature = "cuda"))]
-            Either::Device(_) => 0,
-        };
-        self.start(OpKind::Read, offset, len, device, transfer)
-    }
-
-    /// The file's shared state.
-    pub(crate) fn target(&self) -> &Target {
-        &self.inner
     }
 
     /// Reads exactly `dst.len()` bytes at `offset`, or fails with [`Error::UnexpectedEof`]
@@ -392,5 +366,35 @@ impl File {
         )
         .await
         .map(|_| ())
+    }
+}
+
+impl ReadSource for File {
+    fn target(&self) -> &Target {
+        &self.inner
+    }
+
+    fn engine_shared(&self) -> &Arc<crate::op::engine_shared::EngineShared> {
+        self.engine.shared()
+    }
+
+    fn check_read(&self, offset: u64, len: usize) -> Result<()> {
+        self.check(OpKind::Read, offset, len)
+    }
+
+    fn start_read<'a>(&self, offset: u64, transfer: CopyOut<'a>) -> OpFuture<CopyOut<'a>> {
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut device = None;
+        let len = match &transfer {
+            Either::Host(h) => h.dst.len(),
+            #[cfg(feature = "cuda")]
+            Either::Device(d) => {
+                device = Some(d.dst.own_stream().context().clone());
+                d.dst.byte_len()
+            }
+            #[cfg(not(feature = "cuda"))]
+            Either::Device(_) => 0,
+        };
+        self.start(OpKind::Read, offset, len, device, transfer)
     }
 }

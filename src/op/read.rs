@@ -87,13 +87,25 @@ enum ReadStage<'a> {
     Done,
 }
 
+/// What a read's first poll needs of its file: `File` (a module above this one) implements it.
+pub(crate) trait ReadSource: Sync {
+    /// The file's shared state.
+    fn target(&self) -> &crate::target::Target;
+    /// The engine the file is bound to.
+    fn engine_shared(&self) -> &Arc<EngineShared>;
+    /// Whether a read of `len` bytes at `offset` is a valid request now (the op's own check).
+    fn check_read(&self, offset: u64, len: usize) -> Result<()>;
+    /// The op of a read into `transfer`'s destination at `offset`.
+    fn start_read<'a>(&self, offset: u64, transfer: CopyOut<'a>) -> OpFuture<CopyOut<'a>>;
+}
+
 /// What a read served from the page cache needs, borrowed. The op's request holds the file,
 /// the engine and the device's context by `Arc`: handles every runtime thread shares, whose
 /// counts each clone and drop would move between the cores' caches, several times per 4 KiB
 /// read (measured in `BENCHMARKS.md`, thirteenth session). A read the page cache serves never
 /// takes them.
 struct FirstPoll<'a> {
-    file: &'a crate::File,
+    file: &'a dyn ReadSource,
     offset: u64,
     transfer: CopyOut<'a>,
     progress: Option<super::progress::OpProgress>,
@@ -101,7 +113,7 @@ struct FirstPoll<'a> {
 
 impl<'a> ReadInto<'a> {
     /// A read whose first poll may serve it from the page cache.
-    pub(crate) fn first_poll(file: &'a crate::File, offset: u64, transfer: CopyOut<'a>) -> Self {
+    pub(crate) fn first_poll(file: &'a dyn ReadSource, offset: u64, transfer: CopyOut<'a>) -> Self {
         ReadInto {
             stage: ReadStage::FirstPoll(FirstPoll {
                 file,
@@ -173,7 +185,7 @@ impl FirstPoll<'_> {
     /// Serves the read from the page cache, or `None` where it must go through the reactor.
     fn serve_cached(&mut self) -> Option<Result<usize>> {
         let (file, target) = (self.file, self.file.target());
-        let engine = file.engine().shared();
+        let engine = file.engine_shared();
         let len = match &self.transfer {
             Either::Host(h) => h.dst.len(),
             #[cfg(feature = "cuda")]
@@ -184,9 +196,7 @@ impl FirstPoll<'_> {
         // An invalid request gets its error from the op; and with a write of this file
         // unfinished the reactor's range fence must order the read after overlapping write
         // pieces in the kernel, which this read would not wait for.
-        if file
-            .check(crate::error::OpKind::Read, self.offset, len)
-            .is_err()
+        if file.check_read(self.offset, len).is_err()
             || engine.reactor.is_dead()
             || engine.writes_pending.any(&target.fence_key)
         {
