@@ -29,29 +29,71 @@ pub(crate) const PINNED_STAGE_LEN: usize = 1 << 20;
 /// Most stages one engine makes (32 MiB of page-locked memory).
 const MAX_STAGES: usize = 32;
 
-/// The memory of one stage: a private anonymous mapping, page-locked for every context;
-/// unpinned, then unmapped, when dropped (only once no copy can read it).
-struct StageMem {
+/// Pageable host memory that small device reads pass through: a private anonymous mapping of
+/// its own, so no one else has pinned it (`cuMemHostRegister` on memory the heap later hands
+/// out would make CUDA read it asynchronously; a mapping of ours is never registered by
+/// anyone who does not own it). Its pages are only made when first touched.
+pub(crate) struct PageableStage {
     ptr: NonNull<u8>,
-    pin: Option<PinnedRegion>,
+    len: usize,
 }
 
-impl Drop for StageMem {
-    fn drop(&mut self) {
-        // Unregistered where the driver lets us (a failed unregistration leaves the driver a
-        // stale record of memory no copy uses any more, nothing worse).
-        drop(self.pin.take());
-        // SAFETY: our own mapping of `PINNED_STAGE_LEN` bytes that nothing else refers to. A
-        // `StageMem` is dropped only once no copy can read it: the pool's drain waits for each
-        // stage's event first, and a stage whose copies cannot be accounted for (a failed
-        // query, wait or drain) is forgotten instead (`retire`, `take`, `StagePool::drop`).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), PINNED_STAGE_LEN) };
+// SAFETY: the stage is plain memory owned by this value; moving it to another thread moves
+// that ownership, and `&self` gives out nothing (every access goes through `&mut self`).
+unsafe impl Send for PageableStage {}
+
+impl PageableStage {
+    /// A stage of `len` bytes; `None` if the mapping fails.
+    pub(crate) fn new(len: usize) -> Option<PageableStage> {
+        // SAFETY: an anonymous private mapping of `len` bytes at an address of the kernel's
+        // choosing; no existing memory is affected.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        NonNull::new(p.cast()).map(|ptr| PageableStage { ptr, len })
+    }
+
+    /// The stage's address, for copies out of it.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// The whole stage, writable.
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, readable and writable, lives as long as `self`,
+        // and `&mut self` makes this the only reference into it.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
-// SAFETY: the mapping is owned by this value, and moving it moves that ownership; the
-// registration handle is `Send`.
-unsafe impl Send for StageMem {}
+impl Drop for PageableStage {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the start of our own `len`-byte mapping, referenced by no one once
+        // `self` goes: the driver read a pageable stage before each copy call returned
+        // (`queue_staged`), and a pinned stage's mapping is dropped only once no copy can read
+        // it (`StageMem`).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The memory of one pinned stage: a pageable stage of our own, page-locked for every
+/// context. Dropping it unpins, then unmaps it (fields drop in order), which its owner does only
+/// once no copy can read it: the pool's drain waits for each stage's event first, and a stage
+/// whose copies cannot be accounted for (a failed query, wait or drain) is forgotten instead.
+struct StageMem {
+    _pin: PinnedRegion,
+    map: PageableStage,
+}
 
 /// Stages not in use, oldest first, each with the event behind its last copies.
 #[derive(Default)]
@@ -104,18 +146,15 @@ pub(crate) struct PinnedStage {
 impl PinnedStage {
     /// The stage's address, for copies out of it.
     pub(crate) fn addr(&self) -> u64 {
-        self.mem.as_ref().map_or(0, |m| m.ptr.as_ptr() as u64)
+        self.mem.as_ref().map_or(0, |m| m.map.addr())
     }
 
     /// The whole stage, writable: no copy out of it is pending (the pool lends only stages
     /// whose event has completed or that no copy used, a stage whose copies cannot be waited
     /// for is retired, and `set_busy` and `retire` consume the handle).
     pub(crate) fn bytes(&mut self) -> &mut [u8] {
-        match &self.mem {
-            // SAFETY: the mapping is `PINNED_STAGE_LEN` bytes, readable and writable, lives for
-            // the process, and `&mut self` makes this the only reference into it; no copy reads
-            // it (see above).
-            Some(m) => unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), PINNED_STAGE_LEN) },
+        match &mut self.mem {
+            Some(m) => m.map.bytes(),
             None => &mut [],
         }
     }
@@ -135,32 +174,13 @@ impl PinnedStage {
     }
 
     fn make(ctx: &Arc<CudaContext>) -> Option<StageMem> {
-        // SAFETY: an anonymous private mapping of a fixed size at an address of the kernel's
-        // choosing; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PINNED_STAGE_LEN,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        let ptr = NonNull::new(p.cast::<u8>())?;
-        // SAFETY: the mapping is unmapped only by `StageMem`'s drop, which unregisters first.
-        match unsafe { PinnedRegion::register(ctx, ptr.as_ptr(), PINNED_STAGE_LEN) } {
-            Ok(pin) => Some(StageMem {
-                ptr,
-                pin: Some(pin),
-            }),
+        let mut map = PageableStage::new(PINNED_STAGE_LEN)?;
+        let base = map.bytes().as_mut_ptr();
+        // SAFETY: the mapping outlives the registration: `StageMem` drops `_pin` before `map`.
+        match unsafe { PinnedRegion::register(ctx, base, PINNED_STAGE_LEN) } {
+            Ok(pin) => Some(StageMem { _pin: pin, map }),
             Err(why) => {
                 tracing::debug!(%why, "batch stages stay pageable");
-                // SAFETY: our own mapping, never registered or handed out.
-                unsafe { libc::munmap(p, PINNED_STAGE_LEN) };
                 None
             }
         }

@@ -73,64 +73,8 @@ pub(crate) fn try_read(
 #[cfg(feature = "cuda")]
 const STAGE_LEN: usize = CACHED_READ_MAX;
 
-/// Pageable host memory that small device reads pass through: a private anonymous mapping of
-/// its own, so no one else has pinned it (`cuMemHostRegister` on memory the heap later hands
-/// out would make CUDA read it asynchronously; a mapping of ours is never registered by
-/// anyone who does not own it). Its pages are only made when first touched.
 #[cfg(feature = "cuda")]
-pub(crate) struct PageableStage {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the stage is plain memory owned by this value; moving it to another thread moves
-// that ownership, and `&self` gives out nothing (every access goes through `&mut self`).
-#[cfg(feature = "cuda")]
-unsafe impl Send for PageableStage {}
-
-#[cfg(feature = "cuda")]
-impl PageableStage {
-    /// A stage of `len` bytes; `None` if the mapping fails.
-    pub(crate) fn new(len: usize) -> Option<PageableStage> {
-        // SAFETY: an anonymous private mapping of `len` bytes at an address of the kernel's
-        // choosing; no existing memory is affected.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
-        std::ptr::NonNull::new(p.cast()).map(|ptr| PageableStage { ptr, len })
-    }
-
-    /// The stage's address, for copies out of it.
-    pub(crate) fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    /// The whole stage, writable.
-    pub(crate) fn bytes(&mut self) -> &mut [u8] {
-        // SAFETY: the mapping is `len` bytes, readable and writable, lives as long as `self`,
-        // and `&mut self` makes this the only reference into it.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-#[cfg(feature = "cuda")]
-impl Drop for PageableStage {
-    fn drop(&mut self) {
-        // SAFETY: `ptr` is the start of our own `len`-byte mapping, referenced by no one once
-        // `self` goes (the driver read it before each copy call returned: `queue_staged`).
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
+use crate::cuda::stage::PageableStage;
 
 #[cfg(feature = "cuda")]
 thread_local! {

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
 
-use super::cached::{BATCH_STAGE_LEN, PageableStage, keep_batch_stage, take_batch_stage, try_read};
+use super::cached::{BATCH_STAGE_LEN, keep_batch_stage, take_batch_stage, try_read};
 use super::device::{read_copy_specs, stageable};
 use super::engine_shared::EngineShared;
 use super::gate::Gated;
@@ -28,7 +28,7 @@ use crate::buf::arena::BounceArena;
 use crate::cuda::copylist::{self, CopySpec};
 use crate::cuda::event::{EVENT_POOL, EventGate};
 use crate::cuda::side;
-use crate::cuda::stage::{PINNED_STAGE_LEN, PinnedStage, StagePool};
+use crate::cuda::stage::{PINNED_STAGE_LEN, PageableStage, PinnedStage, StagePool};
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
 /// `gpuio bench`: how many copies one driver call carried).
