@@ -5,9 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::{Backend, Engine, EngineBuilder, OpenOptions};
-use hdrhistogram::Histogram;
 
 use crate::CliResult;
 use crate::size::fmt_bytes;
@@ -17,8 +15,10 @@ use crate::validate;
 mod args;
 mod peers;
 mod report;
+mod task;
 
 use report::{PeerFields, PointJson};
+use task::{Buffer, TaskStats};
 
 pub use args::{BenchArgs, BenchBackend, Pattern, Rw, Target};
 use peers::{
@@ -28,14 +28,6 @@ use peers::{
 
 /// How the refusals of a --file end.
 const BENCH_FILES: &str = "gpuio benchmarks regular files and block devices";
-
-/// A destination buffer in host or device memory.
-enum Buffer {
-    Host(Vec<u8>),
-    /// `--owned`: read through `File::read_owned`.
-    Aligned(gpuio::AlignedBuf),
-    Gpu(gpuio::cuda::cudarc::driver::CudaSlice<u8>),
-}
 
 /// One point of a sweep.
 #[derive(Debug, Clone, Copy)]
@@ -68,32 +60,6 @@ pub struct Measurement {
     /// The peers on the same target and settings (medians), under --compare: fio (or SPDK's
     /// perf for `spdk`) first, then KvikIO where it ran.
     pub peers: Vec<PeerResult>,
-}
-
-struct TaskStats {
-    bytes: u64,
-    ops: u64,
-    /// Request latencies in microseconds.
-    lat_us: Histogram<u64>,
-}
-
-impl TaskStats {
-    fn new() -> TaskStats {
-        TaskStats {
-            bytes: 0,
-            ops: 0,
-            // 1 us to an hour at 3 significant digits (percentiles within 0.1%); longer
-            // requests count as an hour.
-            lat_us: Histogram::new_with_bounds(1, 3_600_000_000, 3)
-                .expect("constant histogram bounds are valid"),
-        }
-    }
-
-    fn record(&mut self, since: Instant) {
-        let us = since.elapsed().as_micros();
-        self.lat_us
-            .saturating_record(u64::try_from(us).unwrap_or(u64::MAX));
-    }
 }
 
 pub async fn run(a: BenchArgs) -> CliResult {
@@ -398,37 +364,24 @@ async fn measure(
             .direct(a.direct)
             .open(&engine, path)?,
     };
-    let slots_in_span = span / bs;
-    let file = Arc::new(file);
-    let cursor = Arc::new(AtomicU64::new(0));
     let bytes_done = Arc::new(AtomicU64::new(0));
-    let deadline = Duration::from_secs_f64(a.seconds);
     let pb = indicatif::ProgressBar::new_spinner();
     pb.set_style(
         indicatif::ProgressStyle::with_template("{spinner} {msg}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
     );
-    let cpu_start = process_cpu_seconds();
-    let occ_start = engine.occupancy();
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(qd);
+    // Each request owns its buffer; on a GPU, its own stream too, so copies overlap.
+    let buf_len = match a.pattern {
+        // `BenchArgs::check` made sure this fits in memory, hence in a usize.
+        Pattern::Batch => bs as usize * a.batch * if a.scatter { 2 } else { 1 },
+        _ => bs as usize,
+    };
+    let mut buffers = Vec::with_capacity(qd);
     let mut streams = Vec::new();
     for t in 0..qd {
-        let (file, cursor, bytes_done) = (file.clone(), cursor.clone(), bytes_done.clone());
-        let (rw, pattern) = (a.rw, a.pattern);
-        // Each task owns its buffer; on a GPU, its own stream too, so copies overlap.
-        let buf_len = match pattern {
-            // `BenchArgs::check` made sure this fits in memory, hence in a usize.
-            Pattern::Batch => bs as usize * a.batch * if a.scatter { 2 } else { 1 },
-            _ => bs as usize,
-        };
-        let batch = a.batch;
-        // Blocks per destination slot: 2 leaves a block's room between neighbours.
-        let gap = if a.scatter { 2 } else { 1 };
-        let owned = a.owned;
-        // Tasks are spread over the GPUs round-robin.
-        let mut buf = match cudas.get(t % cudas.len().max(1)) {
-            None if owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
+        // Requests are spread over the GPUs round-robin.
+        let buf = match cudas.get(t % cudas.len().max(1)) {
+            None if a.owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
                 let mine =
@@ -451,57 +404,34 @@ async fn measure(
                 Buffer::Gpu(d)
             }
         };
-        tasks.push(tokio::spawn(async move {
-            let mut rng = fastrand::Rng::with_seed(0x9e37_79b9 ^ t as u64);
-            let mut st = TaskStats::new();
-            while start.elapsed() < deadline {
-                if pattern == Pattern::Batch {
-                    // A fresh plan per batch: preparing it is part of the cost measured.
-                    let descs = (0..batch)
-                        .map(|i| {
-                            let off = rng.u64(0..slots_in_span) * bs;
-                            ReadDesc::new(&file, off, bs as usize, i * bs as usize * gap)
-                        })
-                        .collect();
-                    let plan = BatchPlan::new(descs);
-                    let t0 = Instant::now();
-                    let n = match &mut buf {
-                        Buffer::Host(b) => plan.read_into(b).await.total()?,
-                        Buffer::Aligned(b) => plan.read_into(b).await.total()?,
-                        Buffer::Gpu(b) => plan.read_into(b).await.total()?,
-                    };
-                    st.record(t0);
-                    st.bytes += n as u64;
-                    st.ops += batch as u64;
-                    bytes_done.fetch_add(n as u64, Ordering::Relaxed);
-                    continue;
-                }
-                let slot = match pattern {
-                    Pattern::Rand => rng.u64(0..slots_in_span),
-                    _ => cursor.fetch_add(1, Ordering::Relaxed) % slots_in_span,
-                };
-                let off = slot * bs;
-                let t0 = Instant::now();
-                let n = match (rw, &mut buf) {
-                    (Rw::Read, Buffer::Aligned(b)) => {
-                        let (r, back) = file.read_owned(std::mem::take(b), off).await;
-                        *b = back;
-                        r?
-                    }
-                    (Rw::Write, Buffer::Aligned(b)) => file.write_from(b, off).await?,
-                    (Rw::Read, Buffer::Host(b)) => file.read_into(b, off).await?,
-                    (Rw::Write, Buffer::Host(b)) => file.write_from(b, off).await?,
-                    (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,
-                    (Rw::Write, Buffer::Gpu(b)) => file.write_from(b, off).await?,
-                };
-                st.record(t0);
-                st.bytes += n as u64;
-                st.ops += 1;
-                bytes_done.fetch_add(n as u64, Ordering::Relaxed);
-            }
-            Ok::<TaskStats, gpuio::Error>(st)
-        }));
+        buffers.push((t, buf));
     }
+    let cpu_start = process_cpu_seconds();
+    let occ_start = engine.occupancy();
+    let start = Instant::now();
+    let work = Arc::new(task::Workload {
+        file: Arc::new(file),
+        rw: a.rw,
+        pattern: a.pattern,
+        bs,
+        batch: a.batch,
+        gap: if a.scatter { 2 } else { 1 },
+        slots_in_span: span / bs,
+        cursor: AtomicU64::new(0),
+        bytes_done: Arc::clone(&bytes_done),
+        start,
+        deadline: Duration::from_secs_f64(a.seconds),
+    });
+    // Request t goes to task t % jobs: one task per request unless --jobs says fewer.
+    let jobs = a.jobs.unwrap_or(qd).clamp(1, qd.max(1));
+    let mut shares: Vec<Vec<(usize, Buffer)>> = (0..jobs).map(|_| Vec::new()).collect();
+    for (t, buf) in buffers {
+        shares[t % jobs].push((t, buf));
+    }
+    let tasks: Vec<_> = shares
+        .into_iter()
+        .map(|share| tokio::spawn(task::job(Arc::clone(&work), share)))
+        .collect();
     let ticker = {
         let pb = pb.clone();
         let bytes_done = bytes_done.clone();
@@ -521,16 +451,13 @@ async fn measure(
     };
     let mut all = TaskStats::new();
     let mut per_gpu = vec![0u64; cudas.len()];
-    for (t, task) in tasks.into_iter().enumerate() {
-        let st = task.await??;
-        if let Some(b) = per_gpu.get_mut(t % cudas.len().max(1)) {
-            *b += st.bytes;
+    for task in tasks {
+        for (t, st) in task.await?? {
+            if let Some(b) = per_gpu.get_mut(t % cudas.len().max(1)) {
+                *b += st.bytes;
+            }
+            all.merge(&st)?;
         }
-        all.bytes += st.bytes;
-        all.ops += st.ops;
-        all.lat_us
-            .add(&st.lat_us)
-            .map_err(|e| format!("merging latency histograms: {e}"))?;
     }
     // Device copies are queued when a read resolves: the clock stops when they have landed.
     for s in &streams {
@@ -538,7 +465,7 @@ async fn measure(
             .map_err(|e| format!("CUDA synchronize: {e:?}"))?;
     }
     if a.rw == Rw::Write {
-        file.sync_all().await?;
+        work.file.sync_all().await?;
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
@@ -551,13 +478,15 @@ async fn measure(
     let iops = all.ops as f64 / secs;
     // Device transfers say whether cuFile served them (and in which mode) or the bounce path.
     let served_by = match cudas.first() {
-        _ if file.is_nvme() => "spdk".to_string(),
-        Some(_) => match file.gds_status() {
+        _ if work.file.is_nvme() => "spdk".to_string(),
+        Some(_) => match work.file.gds_status() {
             gpuio::gds::GdsStatus::Bounce(_) => format!("{}+bounce", engine.backend().name),
             s => s.name().to_string(),
         },
         None => engine.backend().name.to_string(),
     };
+    // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
+    // share of all: the path that served them is not the backend's.
     // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
     // share of all: the path that served them is not the backend's.
     let cached_share = (engine.cached_reads() as f64 / all.ops.max(1) as f64).min(1.0);
@@ -625,6 +554,7 @@ async fn measure(
         to: a.to.to_string(),
         per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
         cached_share,
+        jobs: a.jobs,
         occupancy: crate::bench::report::OccupancyJson {
             in_kernel: occ.mean_in_kernel(),
             gated: occ.mean_gated(),

@@ -231,6 +231,11 @@ fn other_bad_values_are_refused_up_front() {
             &["bench", "--pattern", "batch", "--batch", "0"],
             &["--batch"],
         ),
+        (&["bench", "--jobs", "0"], &["--jobs"]),
+        (
+            &["bench", "--qd", "64", "--jobs", "3"],
+            &["--qd 64", "--jobs 3", "multiple of 3"],
+        ),
         // Buffers beyond the machine's memory: once an abort (or the OOM killer).
         (
             &[
@@ -531,4 +536,35 @@ fn spdk_errors_give_cli_users_advice_they_can_follow() {
             r.stderr
         );
     }
+}
+
+#[test]
+fn bench_jobs_keep_every_request_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("jobs.bin");
+    std::fs::write(&f, vec![7u8; 1 << 20]).unwrap();
+    let run = gpuio(&[
+        "bench",
+        "--file",
+        s(&f),
+        "--size",
+        "1M",
+        "--bs",
+        "4K",
+        "--qd",
+        "8",
+        "--jobs",
+        "2",
+        "--pattern",
+        "rand",
+        "--seconds",
+        "0.3",
+        "--json",
+    ]);
+    run.succeeded();
+    let last = run.stdout.lines().last().unwrap_or_default();
+    let v: serde_json::Value = serde_json::from_str(last).unwrap();
+    assert_eq!(v["jobs"], 2, "{last}");
+    assert_eq!(v["qd"], 8, "{last}");
+    assert!(v["ops"].as_u64().unwrap() > 0, "{last}");
 }

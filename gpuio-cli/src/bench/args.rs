@@ -173,6 +173,11 @@ pub struct BenchArgs {
         value_parser = validate::count(MAX_QD)
     )]
     pub(crate) qd: Vec<usize>,
+    /// Runtime tasks that keep the requests in flight, each polling its share of --qd
+    /// together, as one fio job keeps its iodepth from one thread; fio gets as many jobs
+    /// under --compare. Default: one task per request (and fio one job).
+    #[arg(long, value_parser = validate::count(MAX_QD))]
+    pub(crate) jobs: Option<usize>,
     /// Blocks per batch with --pattern batch.
     #[arg(long, default_value_t = 64, value_parser = validate::count(MAX_BATCH))]
     pub(crate) batch: usize,
@@ -339,6 +344,13 @@ impl BenchArgs {
                  multiple of {gpus}",
                 self.to
             ));
+        }
+        if let Some(jobs) = self.jobs {
+            if let Some(qd) = self.qd.iter().find(|&&q| q % jobs != 0) {
+                return Err(format!(
+                    "--qd {qd} does not split evenly into --jobs {jobs}: use a multiple of {jobs}"
+                ));
+            }
         }
         if matches!(self.to, Target::Gpus(_)) && self.compare {
             return Err(format!(

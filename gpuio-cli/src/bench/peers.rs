@@ -93,8 +93,8 @@ pub(super) fn fio_available() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-/// fio with the point's settings on the same file: io_uring engine, one job, `qd` deep (a
-/// batch counts as its blocks), for `--seconds`. Reads go to host memory (fio has no GPU
+/// fio with the point's settings on the same file: io_uring engine, one job `qd` deep (a
+/// batch counts as its blocks), or `--jobs` jobs sharing that depth, for `--seconds`. Reads go to host memory (fio has no GPU
 /// target): for device points it stands for the storage side's ceiling.
 pub(super) async fn fio(
     a: &BenchArgs,
@@ -103,13 +103,16 @@ pub(super) async fn fio(
     span: u64,
 ) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
     let (rw, depth) = peer_workload(a, point);
+    // `BenchArgs::check` made sure the jobs split the depth evenly.
+    let jobs = a.jobs.unwrap_or(1).max(1);
     let args = vec![
         "--name=gpuio-peer".to_string(),
+        format!("--numjobs={jobs}"),
         format!("--filename={}", path.display()),
         format!("--size={span}"),
         format!("--rw={rw}"),
         format!("--bs={}", point.bs),
-        format!("--iodepth={depth}"),
+        format!("--iodepth={}", (depth / jobs).max(1)),
         "--ioengine=io_uring".to_string(),
         format!("--direct={}", u8::from(a.direct)),
         // fio drops the file's page cache before it starts unless told not to: a buffered
@@ -153,24 +156,31 @@ struct FioDirection {
     iops: f64,
 }
 
-/// The one job's figures for the direction measured.
+/// The figures for the direction measured, summed over fio's jobs (cores too: each job
+/// reports its share of one core).
 fn parse_fio(json: &[u8], rw: Rw) -> Result<PeerResult, Box<dyn std::error::Error + Send + Sync>> {
     let out: FioOutput =
         serde_json::from_slice(json).map_err(|e| format!("fio's JSON output: {e}"))?;
-    let job = out
-        .jobs
-        .into_iter()
-        .next()
-        .ok_or("fio's JSON output has no job")?;
-    let dir = match rw {
-        Rw::Read => job.read,
-        Rw::Write => job.write,
-    };
+    if out.jobs.is_empty() {
+        return Err("fio's JSON output has no job".into());
+    }
+    let (mut gbps, mut iops, mut cores) = (0.0, 0.0, Some(0.0));
+    for job in out.jobs {
+        let dir = match rw {
+            Rw::Read => job.read,
+            Rw::Write => job.write,
+        };
+        gbps += dir.bw_bytes / 1e9;
+        iops += dir.iops;
+        cores = cores
+            .zip(job.usr_cpu.zip(job.sys_cpu))
+            .map(|(c, (u, s))| c + (u + s) / 100.0);
+    }
     Ok(PeerResult {
         peer: Peer::Fio,
-        gbps: dir.bw_bytes / 1e9,
-        iops: dir.iops,
-        cores: job.usr_cpu.zip(job.sys_cpu).map(|(u, s)| (u + s) / 100.0),
+        gbps,
+        iops,
+        cores,
         detail: None,
     })
 }
@@ -427,6 +437,22 @@ mod tests {
         assert!(err.to_string().contains("no job"), "{err}");
         let err = parse_fio(br#"{"jobs":[{"read":{"iops":1.0}}]}"#, Rw::Read).unwrap_err();
         assert!(err.to_string().contains("bw_bytes"), "{err}");
+    }
+
+    #[test]
+    fn several_fio_jobs_are_summed() {
+        let job = |iops: f64| {
+            format!(
+                r#"{{"read":{{"bw_bytes":{},"iops":{iops}}},"write":{{"bw_bytes":0,"iops":0}},
+                "usr_cpu":20.0,"sys_cpu":60.0}}"#,
+                iops * 4096.0
+            )
+        };
+        let out = format!(r#"{{"jobs":[{},{}]}}"#, job(100.0), job(300.0));
+        let p = parse_fio(out.as_bytes(), Rw::Read).unwrap();
+        assert_eq!(p.iops, 400.0);
+        assert_eq!(p.gbps, 400.0 * 4096.0 / 1e9);
+        assert_eq!(p.cores, Some(1.6));
     }
 
     #[test]

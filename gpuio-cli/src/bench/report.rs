@@ -54,6 +54,9 @@ pub(super) struct PointJson {
     pub per_gpu_gbps: Option<Vec<f64>>,
     /// Share of requests the polling thread served from the page cache (0 to 1).
     pub cached_share: f64,
+    /// Runtime tasks that polled the requests (`--jobs`; absent: one per request).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub jobs: Option<usize>,
     /// Where the engine's pieces spent the measured time (`Engine::occupancy`).
     pub occupancy: OccupancyJson,
     pub inline_copies: bool,
@@ -273,6 +276,7 @@ mod tests {
             to: "gpu:0".into(),
             per_gpu_gbps: None,
             cached_share: 0.0,
+            jobs: None,
             occupancy: OccupancyJson {
                 in_kernel: 0.0,
                 gated: 0.0,
