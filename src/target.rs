@@ -337,13 +337,6 @@ impl Target {
         self.gds.get().and_then(|r| r.as_ref().ok())
     }
 
-    /// Whether cuFile was asked about this file and declined it (its device transfers use
-    /// the bounce path).
-    #[cfg(feature = "cuda")]
-    pub(crate) fn gds_declined(&self) -> bool {
-        matches!(self.gds.get(), Some(Err(_)))
-    }
-
     /// Registers the file with cuFile once (through an O_DIRECT descriptor of its own), or
     /// says why it cannot be.
     #[cfg(feature = "cuda")]

@@ -332,7 +332,6 @@ async fn measure(
         .queue_depth(qd_engine)
         .bounce_slots(slots)
         .page_cache_fast_path(!a.no_fast_path)
-        .polling_thread_rings(!a.no_polling_rings)
         .async_copy_threshold(if a.inline_copies {
             None
         } else {
@@ -488,24 +487,17 @@ async fn measure(
     };
     // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
     // share of all: the path that served them is not the backend's.
-    let share = |n: u64| (n as f64 / all.ops.max(1) as f64).min(1.0);
-    let (cached_share, ring_share) = (
-        share(engine.cached_reads()),
-        share(engine.polling_thread_reads()),
-    );
-    let mut fast = String::new();
-    if cached_share > 0.0 {
-        fast += &format!(
+    // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
+    // share of all: the path that served them is not the backend's.
+    let cached_share = (engine.cached_reads() as f64 / all.ops.max(1) as f64).min(1.0);
+    let fast = if cached_share > 0.0 {
+        format!(
             " ({:.0}% of requests from the page cache in poll)",
             cached_share * 100.0
-        );
-    }
-    if ring_share > 0.0 {
-        fast += &format!(
-            " ({:.0}% of requests on the polling threads' rings)",
-            ring_share * 100.0
-        );
-    }
+        )
+    } else {
+        String::new()
+    };
     outln!(
         "{} {:?}{} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB, {:.2} CPU s per million \
@@ -562,7 +554,6 @@ async fn measure(
         to: a.to.to_string(),
         per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
         cached_share,
-        ring_share,
         jobs: a.jobs,
         occupancy: crate::bench::report::OccupancyJson {
             in_kernel: occ.mean_in_kernel(),

@@ -45,7 +45,6 @@ pub struct EngineBuilder {
     punt_min: Option<usize>,
     residency_aware: bool,
     cached_fast_path: bool,
-    polling_rings: bool,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -73,7 +72,6 @@ impl Default for EngineBuilder {
             punt_min: Some(64 << 10),
             residency_aware: true,
             cached_fast_path: true,
-            polling_rings: true,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -297,21 +295,6 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether small O_DIRECT reads (at most 64 KiB, offset and length aligned for the file)
-    /// are submitted by the thread that polls them, to an io_uring ring of that thread's,
-    /// instead of through the reactor (default on, io_uring backend only). Each ring reads
-    /// into 8 MiB of its own memory; completions are reaped by whichever read on the ring is
-    /// polled next, or by one waiter thread per engine where none is. Reads into device
-    /// memory take them once the file is known not to use cuFile. Off: every read goes
-    /// through the reactor.
-    ///
-    /// As with the page-cache path, a read of a file with an unfinished write on this engine
-    /// keeps to the reactor, whose range fence orders it after the write's pieces.
-    pub fn polling_thread_rings(mut self, on: bool) -> Self {
-        self.polling_rings = on;
-        self
-    }
-
     /// Whether large reads of buffered files ask the page cache what it holds first (default
     /// on): ranges it mostly lacks are read with O_DIRECT through a second descriptor, at the
     /// disk's direct rate, and ranges it holds are copied from it, so a cold file loads at
@@ -523,26 +506,6 @@ impl EngineBuilder {
             Backend::Gds => GdsMode::Forced,
             Backend::Uring | Backend::Pread => GdsMode::Off,
         };
-        if self.polling_rings && info.name == "io_uring" {
-            // One ring per core at most: threads beyond that share them.
-            let rings = std::thread::available_parallelism().map_or(8, |n| n.get());
-            match crate::uring::local::LocalRings::new(rings) {
-                Ok(rings) => {
-                    use crate::op::engine_shared::{LocalDevice, LocalReads};
-                    let _ = shared.local.set(LocalReads {
-                        rings,
-                        device: match gds_mode {
-                            GdsMode::Off => LocalDevice::All,
-                            GdsMode::Auto => LocalDevice::WithoutCufile,
-                            GdsMode::Forced => LocalDevice::None,
-                        },
-                    });
-                }
-                Err(e) => {
-                    tracing::info!(error = %e, "polling-thread rings unavailable: small O_DIRECT reads go through the reactor");
-                }
-            }
-        }
         Ok(Engine {
             inner: Arc::new(EngineInner {
                 shared,

@@ -229,12 +229,6 @@ impl Engine {
         self.inner.shared.stats.cached_reads.load()
     }
 
-    /// Small O_DIRECT reads so far that the polling thread submitted to a ring of its own and
-    /// served from it, without the reactor (see [`EngineBuilder::polling_thread_rings`]).
-    pub fn polling_thread_reads(&self) -> u64 {
-        self.inner.shared.stats.local_reads.load()
-    }
-
     /// Where this engine's pieces have spent their time so far: take two and subtract
     /// ([`Occupancy::since`](crate::Occupancy::since)) for the pieces the kernel held on
     /// average, the slot releases waiting behind CUDA events, and the share of the time work

@@ -213,17 +213,11 @@ impl File {
         // A small read of a buffered file may be served from the page cache at first poll
         // (`op::cached`); the op is built only if it is not.
         let t = &self.inner;
-        // A small O_DIRECT read may go to the polling thread's ring (`op::local`) instead.
-        let shared = self.engine.shared();
-        let first_poll_serves = if t.dio.is_none() {
-            shared.policy.cached_fast_path
-        } else {
-            shared.local.get().is_some()
-        };
         let cached = len > 0
             && len <= crate::op::cached::CACHED_READ_MAX
-            && first_poll_serves
+            && self.engine.shared().policy.cached_fast_path
             && t.nvme.is_none()
+            && t.dio.is_none()
             && t.fd.is_some();
         if cached {
             ReadInto::first_poll(self, offset, transfer)

@@ -256,27 +256,7 @@ impl DeviceCopyOut<'_> {
         })
     }
 
-    /// Copies a small O_DIRECT read's bytes, landed in a polling thread's ring slot
-    /// (`op::local`), to the destination in one staged call, as [`read_cached`] does from its
-    /// stage: the slot is free again when this returns. `None`: nothing was queued (the
-    /// stream does not take such calls now); the read goes through the reactor.
-    ///
-    /// [`read_cached`]: Self::read_cached
-    pub(crate) fn copy_landed(&mut self, bytes: &[u8]) -> Option<Result<usize, Error>> {
-        let stream = self.copy_stream();
-        if !stageable(&stream) {
-            return None;
-        }
-        let own = self.dst.own_stream().clone();
-        let n = bytes.len().min(self.dst.byte_len());
-        Some(
-            self.copy_staged(bytes.as_ptr() as u64, n, &stream, &own)?
-                .map(|()| n),
-        )
-    }
-
-    /// Copies `n` bytes at `src`, in this thread's pageable stage (or a ring slot the caller
-    /// owns), to the start of the
+    /// Copies `n` bytes at `src`, in this thread's pageable stage, to the start of the
     /// destination on `stream` (which [`stageable`] accepted), in front of cudarc's write
     /// event; the stage is free again when this returns. When `stream` is not the memory's own,
     /// the own stream is ordered after the copy (cudarc frees memory there). `None`: nothing
@@ -312,8 +292,8 @@ impl DeviceCopyOut<'_> {
         let queued = side::queue_in_order(stream, |raw| {
             // SAFETY: `raw` is a live stream of the context `stageable` bound, one `staged_ok`
             // accepts (`stream`, or the side stream ordered with it); the source is the
-            // caller's stage or landed ring slot, host memory of our own that nothing writes
-            // during the call and that `queue_staged` has read when it returns; the destination [dptr, dptr + n) lies inside the device buffer
+            // caller's stage, pageable memory of our own mapping that `queue_staged` has read
+            // when it returns; the destination [dptr, dptr + n) lies inside the device buffer
             // (n is at most its length), whose pointer cudarc gave us for writing on `stream`.
             unsafe { copylist::queue_staged(raw, &[copy]) }
         });

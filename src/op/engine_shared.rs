@@ -31,8 +31,6 @@ impl Default for OpPolicy {
 pub(crate) struct EngineStats {
     /// Reads the polling thread served from the page cache.
     pub(crate) cached_reads: StripedCounter,
-    /// O_DIRECT reads served on a polling thread's ring (`uring::local`).
-    pub(crate) local_reads: StripedCounter,
     /// Where pieces spent their time (`op::occupancy`), published by the reactor.
     pub(crate) occupancy: OccupancyTotals,
     /// Tests only: turns of the reactor's loop, to see whether an idle reactor sleeps.
@@ -54,9 +52,6 @@ pub(crate) struct EngineShared {
     pub(crate) writes_pending: Arc<PendingWrites>,
     pub(crate) policy: OpPolicy,
     pub(crate) stats: EngineStats,
-    /// Rings small O_DIRECT reads are submitted to by the threads that poll them
-    /// (`uring::local`); set once the engine's main lane is io_uring.
-    pub(crate) local: std::sync::OnceLock<LocalReads>,
     /// Pinned memory batches into device memory stage page-cache reads in (`cuda::stage`).
     #[cfg(feature = "cuda")]
     pub(crate) stages: Arc<crate::cuda::stage::StagePool>,
@@ -70,29 +65,10 @@ impl EngineShared {
             writes_pending: Arc::new(PendingWrites::new()),
             policy,
             stats: EngineStats::default(),
-            local: std::sync::OnceLock::new(),
             #[cfg(feature = "cuda")]
             stages: Arc::default(),
         }
     }
-}
-
-/// Small O_DIRECT reads on the polling threads' rings (`uring::local`).
-pub(crate) struct LocalReads {
-    pub(crate) rings: crate::uring::local::LocalRings,
-    /// Which reads into device memory may take them: these rings would bypass cuFile.
-    pub(crate) device: LocalDevice,
-}
-
-/// Which reads into device memory the polling threads' rings take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LocalDevice {
-    /// All: the engine does not use cuFile.
-    All,
-    /// Those of files cuFile has declined (the file's first device read asked it).
-    WithoutCufile,
-    /// None: the engine must use cuFile (`Backend::Gds`).
-    None,
 }
 
 /// Stripes of a [`StripedCounter`]: more than the threads that usually poll at once.

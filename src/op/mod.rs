@@ -12,7 +12,6 @@ pub(crate) mod engine_shared;
 pub(crate) mod fork;
 pub(crate) mod future;
 pub(crate) mod gate;
-pub(crate) mod local;
 pub(crate) mod msg;
 pub(crate) mod occupancy;
 pub(crate) mod progress;

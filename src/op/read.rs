@@ -78,12 +78,9 @@ pub struct ReadInto<'a> {
 }
 
 enum ReadStage<'a> {
-    /// A small read, not polled yet: the first poll tries the page cache (`op::cached`) for
-    /// a buffered file, a polling thread's ring (`op::local`) for an O_DIRECT one, and builds
-    /// the op only where that fails.
+    /// A small read of a buffered file, not polled yet: the first poll tries the page cache
+    /// (`op::cached`) and builds the op only where that fails.
     FirstPoll(FirstPoll<'a>),
-    /// A small O_DIRECT read in the kernel on its polling thread's ring (`op::local`).
-    Local(super::local::LocalStage<'a>),
     /// The op, sent to the reactor at its first poll.
     Op(OpFuture<CopyOut<'a>>),
     /// Served from the page cache and returned.
@@ -139,7 +136,7 @@ impl<'a> ReadInto<'a> {
         match &mut self.stage {
             ReadStage::FirstPoll(f) => Some(&mut f.transfer),
             ReadStage::Op(op) => Some(op.transfer_mut()),
-            ReadStage::Local(_) | ReadStage::Done => None,
+            ReadStage::Done => None,
         }
     }
 
@@ -168,7 +165,7 @@ impl<'a> ReadInto<'a> {
                 f.progress = Some(super::progress::OpProgress::new(progress, len));
             }
             ReadStage::Op(op) => op.track(progress, len),
-            ReadStage::Local(_) | ReadStage::Done => {}
+            ReadStage::Done => {}
         }
         self
     }
@@ -228,8 +225,7 @@ impl Future for ReadInto<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
         let this = &mut *self;
         if let ReadStage::FirstPoll(first) = &mut this.stage {
-            let direct = first.file.target().dio.is_some();
-            if !direct && let Some(result) = first.serve_cached() {
+            if let Some(result) = first.serve_cached() {
                 this.stage = ReadStage::Done;
                 return Poll::Ready(result);
             }
@@ -237,43 +233,9 @@ impl Future for ReadInto<'_> {
             else {
                 unreachable!()
             };
-            let (file, offset) = (first.file, first.offset);
-            let (transfer, progress) = if direct {
-                match super::local::start(file, offset, first.transfer, first.progress, cx) {
-                    Ok(local) => {
-                        this.stage = ReadStage::Local(local);
-                        (None, None)
-                    }
-                    Err((transfer, progress)) => (Some(transfer), progress),
-                }
-            } else {
-                (Some(first.transfer), first.progress)
-            };
-            if let Some(transfer) = transfer {
-                let mut op = file.start_read(offset, transfer);
-                op.set_progress(progress);
-                this.stage = ReadStage::Op(op);
-            }
-        }
-        if let ReadStage::Local(local) = &mut this.stage {
-            match local.poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Ok(result)) => {
-                    this.stage = ReadStage::Done;
-                    return Poll::Ready(result);
-                }
-                Poll::Ready(Err(())) => {
-                    let ReadStage::Local(local) =
-                        std::mem::replace(&mut this.stage, ReadStage::Done)
-                    else {
-                        unreachable!()
-                    };
-                    let (file, offset, transfer, progress) = local.into_parts();
-                    let mut op = file.start_read(offset, transfer);
-                    op.set_progress(progress);
-                    this.stage = ReadStage::Op(op);
-                }
-            }
+            let mut op = first.file.start_read(first.offset, first.transfer);
+            op.set_progress(first.progress);
+            this.stage = ReadStage::Op(op);
         }
         match &mut this.stage {
             ReadStage::Op(op) => Pin::new(op).poll(cx).map(super::to_usize),

@@ -7,8 +7,6 @@ use io_uring::{IoUring, Probe, opcode, squeue, types};
 
 use crate::lane::{Completion, IoKind, IoRequest, Lane, LaneIo};
 
-pub(crate) mod local;
-
 /// Which setup flags the ring got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RingFlags {

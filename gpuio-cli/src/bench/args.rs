@@ -228,10 +228,6 @@ pub struct BenchArgs {
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
     pub(crate) no_fast_path: bool,
-    /// Every small O_DIRECT read through the reactor: none submitted by the polling thread to
-    /// a ring of its own (`EngineBuilder::polling_thread_rings`).
-    #[arg(long)]
-    pub(crate) no_polling_rings: bool,
     /// Every task's device buffer on one CUDA stream per GPU (as under a framework's current
     /// stream) instead of a stream per task.
     #[arg(long)]

@@ -54,8 +54,6 @@ pub(super) struct PointJson {
     pub per_gpu_gbps: Option<Vec<f64>>,
     /// Share of requests the polling thread served from the page cache (0 to 1).
     pub cached_share: f64,
-    /// Share of requests served on the polling threads' rings (0 to 1).
-    pub ring_share: f64,
     /// Runtime tasks that polled the requests (`--jobs`; absent: one per request).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jobs: Option<usize>,
@@ -278,7 +276,6 @@ mod tests {
             to: "gpu:0".into(),
             per_gpu_gbps: None,
             cached_share: 0.0,
-            ring_share: 0.0,
             jobs: None,
             occupancy: OccupancyJson {
                 in_kernel: 0.0,
@@ -322,7 +319,6 @@ mod tests {
             "qd",
             "reactor_spin_us",
             "reactor_tick_us",
-            "ring_share",
             "rw",
             "seconds",
             "to",
