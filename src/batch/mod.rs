@@ -451,10 +451,9 @@ fn distribute(
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub fn combined_copies() -> (u64, u64) {
-    use std::sync::atomic::Ordering::Relaxed;
     (
-        crate::op::combine::FLUSHES.load(Relaxed),
-        crate::op::combine::COPIES.load(Relaxed),
+        crate::op::combine::FLUSHES.load(),
+        crate::op::combine::COPIES.load(),
     )
 }
 

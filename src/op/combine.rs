@@ -13,7 +13,6 @@
 //! cudarc's write event for the buffer; nothing is queued between polls, so a dropped or leaked
 //! batch queues no more copies, and every slot goes back only behind the event.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaStream;
@@ -21,6 +20,7 @@ use cudarc::driver::CudaStream;
 use super::cached::{BATCH_STAGE_LEN, keep_batch_stage, take_batch_stage, try_read};
 use super::device::{read_copy_specs, stageable};
 use super::engine_shared::EngineShared;
+use super::engine_shared::StripedCounter;
 use super::gate::Gated;
 use super::msg::Msg;
 use super::{OpShared, ReadyPieces};
@@ -31,10 +31,11 @@ use crate::cuda::side;
 use crate::cuda::stage::{PINNED_STAGE_LEN, PageableStage, PinnedStage, StagePool};
 
 /// Flushes that queued copies, and the copies they queued, process-wide (for tests and
-/// `gpuio bench`: how many copies one driver call carried).
-pub(crate) static FLUSHES: AtomicU64 = AtomicU64::new(0);
+/// `gpuio bench`: how many copies one driver call carried). Striped: every batch's poll adds
+/// to them, from every runtime thread.
+pub(crate) static FLUSHES: StripedCounter = StripedCounter::new();
 /// See [`FLUSHES`].
-pub(crate) static COPIES: AtomicU64 = AtomicU64::new(0);
+pub(crate) static COPIES: StripedCounter = StripedCounter::new();
 
 /// Landed pieces of one read, waiting for the batch's next flush.
 pub(crate) struct Combined {
@@ -374,8 +375,8 @@ impl CopyCombiner {
         // and whose runs are disjoint; `stream` is the destination's live stream, its context
         // bound above.
         unsafe { copylist::queue(stream.cu_stream(), &copies) }?;
-        FLUSHES.fetch_add(1, Ordering::Relaxed);
-        COPIES.fetch_add(copies.len() as u64, Ordering::Relaxed);
+        FLUSHES.add(1);
+        COPIES.add(copies.len() as u64);
         engines
             .iter()
             .map(|_| {

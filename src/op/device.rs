@@ -20,15 +20,17 @@ use crate::cuda::{DeviceDst, DeviceSrc};
 use crate::error::{Context, Error, OpKind};
 
 /// Small reads whose slots went back to the reactor as soon as their copies were queued
-/// ([`DeviceCopyOut::copy_small`]), process-wide: for tests.
-static SMALL_RELEASED_EARLY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// ([`DeviceCopyOut::copy_small`]), process-wide: for tests. Striped: every runtime thread
+/// adds to it once per small read, and one shared line would move between their caches.
+static SMALL_RELEASED_EARLY: super::engine_shared::StripedCounter =
+    super::engine_shared::StripedCounter::new();
 
 /// How many small reads into device memory so far handed their bounce slots back as soon as
 /// their copies were queued (the driver had read the slots during the call), process-wide:
 /// for tests.
 #[doc(hidden)]
 pub fn small_reads_released_early() -> u64 {
-    SMALL_RELEASED_EARLY.load(std::sync::atomic::Ordering::Relaxed)
+    SMALL_RELEASED_EARLY.load()
 }
 
 /// Queues copies on the caller's stream (`chosen`) or else on the memory's own stream:
@@ -372,7 +374,7 @@ impl DeviceCopyOut<'_> {
         };
         Ok(Some(match (queued, ordered) {
             (Ok(()), Ok(())) => {
-                SMALL_RELEASED_EARLY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                SMALL_RELEASED_EARLY.add(1);
                 Msg::release(shared, pieces)
             }
             (Ok(()), Err(e)) => {

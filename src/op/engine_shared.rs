@@ -84,6 +84,11 @@ pub(crate) struct StripedCounter([Stripe; STRIPES]);
 struct Stripe(AtomicU64);
 
 impl StripedCounter {
+    /// A count at zero (for statics; `Default` gives the same).
+    pub(crate) const fn new() -> Self {
+        StripedCounter([const { Stripe(AtomicU64::new(0)) }; STRIPES])
+    }
+
     /// Adds `n` on the calling thread's stripe.
     pub(crate) fn add(&self, n: u64) {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
