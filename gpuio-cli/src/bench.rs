@@ -346,7 +346,9 @@ async fn measure(
         None => engine,
     };
     let engine = match a.sqpoll_idle_ms {
-        Some(ms) => engine.submission_polling(Duration::from_millis(ms)),
+        Some(ms) => engine
+            .submission_polling(Duration::from_millis(ms))
+            .submission_polling_rings(a.sqpoll_rings.unwrap_or(1)),
         None => engine,
     }
     .build()?;
