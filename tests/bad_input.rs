@@ -161,8 +161,6 @@ fn bad_engine_settings() {
         gpuio::Engine::builder().chunk_size(0),
         gpuio::Engine::builder().queue_depth(0),
         gpuio::Engine::builder().bounce_slots(0),
-        gpuio::Engine::builder().submission_polling_rings(0),
-        gpuio::Engine::builder().submission_polling_rings(9),
     ] {
         let e = b.build().unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");

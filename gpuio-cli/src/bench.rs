@@ -346,9 +346,7 @@ async fn measure(
         None => engine,
     };
     let engine = match a.sqpoll_idle_ms {
-        Some(ms) => engine
-            .submission_polling(Duration::from_millis(ms))
-            .submission_polling_rings(a.sqpoll_rings.unwrap_or(1)),
+        Some(ms) => engine.submission_polling(Duration::from_millis(ms)),
         None => engine,
     }
     .build()?;

@@ -19,9 +19,6 @@ use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
 use crate::uring::{UringLane, UringOptions};
 
-/// Most rings `EngineBuilder::submission_polling_rings` takes: each is a kernel thread.
-const MAX_POLLING_RINGS: usize = 8;
-
 /// Most pread worker threads an engine starts ([`EngineBuilder::pread_threads`]). Each serves
 /// one I/O at a time and costs a stack; thousands only contend, and the cap turns a mistyped
 /// count into a clear error instead of the thread limit's bare EAGAIN.
@@ -56,7 +53,6 @@ pub struct EngineBuilder {
     /// (off in tests only: the timeout-SQE path that Linux 5.6–5.10 takes).
     uring_ext_arg: bool,
     submission_polling: Option<std::time::Duration>,
-    polling_rings: usize,
 }
 
 impl Default for EngineBuilder {
@@ -82,7 +78,6 @@ impl Default for EngineBuilder {
             reactor_tick: DEFAULT_REACTOR_TICK,
             uring_ext_arg: true,
             submission_polling: None,
-            polling_rings: 1,
         }
     }
 }
@@ -352,18 +347,6 @@ impl EngineBuilder {
         self
     }
 
-    /// With [`submission_polling`](Self::submission_polling): spread the engine's I/O over
-    /// `rings` io_uring rings (1 to 8, default 1), each with a polling kernel thread of its
-    /// own, which submits and completes that ring's pieces. One polling thread becomes the
-    /// limit at about a core's worth of small O_DIRECT reads; several take a device's small
-    /// reads as several submitting threads do (fio's jobs), for as many cores while busy. The
-    /// reactor puts each piece on the ring with the fewest out. Rings the kernel refuses are
-    /// left out, and [`Engine::backend`](crate::Engine::backend) says so.
-    pub fn submission_polling_rings(mut self, rings: usize) -> Self {
-        self.polling_rings = rings;
-        self
-    }
-
     /// Tests only: timed waits as on a kernel without `IORING_ENTER_EXT_ARG`.
     #[cfg(test)]
     pub(crate) fn without_ext_arg(mut self) -> Self {
@@ -400,15 +383,6 @@ impl EngineBuilder {
             return Err(Error::invalid(
                 ctx(),
                 format!("pread_threads {n}: want 1..={MAX_PREAD_THREADS}"),
-            ));
-        }
-        if !(1..=MAX_POLLING_RINGS).contains(&self.polling_rings) {
-            return Err(Error::invalid(
-                ctx(),
-                format!(
-                    "submission polling rings {}: want 1..={MAX_POLLING_RINGS}",
-                    self.polling_rings
-                ),
             ));
         }
         if let Some(n) = self.bounce_slots
@@ -473,7 +447,6 @@ impl EngineBuilder {
         let uring_opts = UringOptions {
             ext_arg: self.uring_ext_arg,
             sqpoll: self.submission_polling,
-            sqpoll_rings: self.polling_rings,
         };
         let reactor_shared = shared.clone();
         let cfg = ReactorConfig {

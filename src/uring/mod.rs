@@ -120,82 +120,6 @@ pub(crate) struct UringOptions {
     pub(crate) ext_arg: bool,
     /// Submission-queue polling with this idle time (`EngineBuilder::submission_polling`).
     pub(crate) sqpoll: Option<std::time::Duration>,
-    /// Rings (each with its own polling kernel thread) that share the pieces, with `sqpoll`.
-    pub(crate) sqpoll_rings: usize,
-}
-
-/// A second (third, ...) submission-polling ring of the lane: its own kernel thread submits
-/// and completes what the reactor queues here, beside the main ring's. Its completions ring
-/// the reactor's doorbell (a registered eventfd), so a reactor asleep on the main ring wakes.
-struct ExtraRing {
-    ring: IoUring,
-    /// Pieces pushed here and not yet reaped.
-    out: usize,
-}
-
-/// A submission's result, with the transient refusals (interrupted, busy, try again, the
-/// wait's timeout) taken as success: the next turn submits or waits again.
-fn submitted(r: io::Result<usize>) -> io::Result<()> {
-    match r {
-        Ok(_) => Ok(()),
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
-            ) =>
-        {
-            Ok(())
-        }
-        Err(e) => Err(e),
-    }
-}
-
-/// The lane's further polling rings (`UringOptions::sqpoll_rings` less the main one), each
-/// with the bounce pool registered as the main ring has it (a ring that cannot is not used)
-/// and the doorbell registered as its eventfd. A ring the kernel refuses is noted in
-/// `refused` and left out.
-///
-/// # Safety
-/// As [`UringLane::new`]: the memory behind `iovecs` outlives the rings.
-unsafe fn extra_rings(
-    entries: u32,
-    opts: &UringOptions,
-    fixed_buffers: bool,
-    iovecs: &[libc::iovec],
-    doorbell_fd: i32,
-    refused: &mut Vec<String>,
-) -> Vec<ExtraRing> {
-    let Some(idle) = opts.sqpoll else {
-        return Vec::new();
-    };
-    let idle_ms = u32::try_from(idle.as_millis()).unwrap_or(u32::MAX).max(1);
-    let mut rings = Vec::new();
-    for _ in 1..opts.sqpoll_rings {
-        let ring = match IoUring::builder()
-            .setup_sqpoll(idle_ms)
-            .setup_single_issuer()
-            .build(entries)
-        {
-            Ok(r) => r,
-            Err(e) => {
-                refused.push(format!("another SQPOLL ring refused: {e}"));
-                break;
-            }
-        };
-        if fixed_buffers {
-            // SAFETY: the caller guarantees the iovecs' memory outlives the ring.
-            if let Err(e) = unsafe { ring.submitter().register_buffers(iovecs) } {
-                refused.push(format!("another SQPOLL ring refused the bounce pool: {e}"));
-                break;
-            }
-        }
-        if let Err(e) = ring.submitter().register_eventfd(doorbell_fd) {
-            refused.push(format!("another SQPOLL ring refused the doorbell: {e}"));
-            break;
-        }
-        rings.push(ExtraRing { ring, out: 0 });
-    }
-    rings
 }
 
 /// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
@@ -215,12 +139,8 @@ pub(crate) struct UringLane {
     timeout_ts: Box<types::Timespec>,
     timeout_armed: bool,
     refused: Vec<String>,
-    /// Pieces pushed and not yet reaped, on every ring.
+    /// Pieces pushed and not yet reaped.
     out: usize,
-    /// Pieces pushed to the main ring and not yet reaped.
-    main_out: usize,
-    /// Further polling rings (`UringOptions::sqpoll_rings`); empty without SQPOLL.
-    extra: Vec<ExtraRing>,
 }
 
 impl UringLane {
@@ -281,21 +201,6 @@ impl UringLane {
                 ),
             }
         };
-        let extra = if flags == RingFlags::SqPoll {
-            // SAFETY: as for the main ring's registration above.
-            unsafe {
-                extra_rings(
-                    entries,
-                    &opts,
-                    fixed_buffers,
-                    iovecs,
-                    doorbell_fd,
-                    &mut refused,
-                )
-            }
-        } else {
-            Vec::new()
-        };
         Ok(UringLane {
             ring,
             flags,
@@ -309,20 +214,13 @@ impl UringLane {
             timeout_armed: false,
             refused,
             out: 0,
-            main_out: 0,
-            extra,
         })
     }
 
     /// A one-line description for `BackendInfo`.
     fn description(&self) -> String {
-        let rings = if self.extra.is_empty() {
-            String::new()
-        } else {
-            format!(" x{} rings", self.extra.len() + 1)
-        };
         let mut s = format!(
-            "io_uring ({}{rings}), fixed buffers: {}",
+            "io_uring ({}), fixed buffers: {}",
             self.flags,
             if self.fixed_buffers { "yes" } else { "no" }
         );
@@ -368,35 +266,8 @@ impl UringLane {
             sqe.flags(squeue::Flags::ASYNC)
         } else {
             sqe
-        }
-        .user_data(req.token);
-        // The ring with the fewest pieces out takes it: each ring's kernel thread pays the
-        // submission and completion work of its own pieces.
-        let least = self
-            .extra
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, r)| r.out)
-            .filter(|(_, r)| r.out < self.main_out);
-        match least {
-            Some((i, _)) => {
-                let extra = &mut self.extra[i];
-                loop {
-                    // SAFETY: as in `push_sqe`: the SQE points at a bounce slot the reactor
-                    // owns until its completion is reaped.
-                    if unsafe { extra.ring.submission().push(&sqe) }.is_ok() {
-                        break;
-                    }
-                    extra.ring.submit()?;
-                }
-                extra.out += 1;
-            }
-            None => {
-                self.push_sqe(sqe)?;
-                self.main_out += 1;
-            }
-        }
-        Ok(())
+        };
+        self.push_sqe(sqe.user_data(req.token))
     }
 
     fn submit(&mut self, wait: bool) -> io::Result<()> {
@@ -435,7 +306,18 @@ impl UringLane {
             (true, None) => self.ring.submit_and_wait(1),
             (false, _) => self.ring.submit(),
         };
-        submitted(r)
+        match r {
+            Ok(_) => Ok(()),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EBUSY | libc::EAGAIN | libc::ETIME)
+                ) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Submits queued I/O; if `block`, waits for a completion or the doorbell. Appends
@@ -457,17 +339,6 @@ impl UringLane {
             self.push_sqe(sqe)?;
             self.doorbell_armed = true;
         }
-        // The other rings' kernel threads see their queues without a system call unless they
-        // went to sleep; `submit` wakes them then. Anything they complete meanwhile rings the
-        // doorbell, so a block on the main ring below ends for it.
-        for extra in &mut self.extra {
-            submitted(extra.ring.submit())?;
-        }
-        let block = block
-            && self
-                .extra
-                .iter_mut()
-                .all(|e| e.ring.completion().is_empty());
         // With DEFER_TASKRUN completions are only posted from io_uring_enter(GETEVENTS).
         // TASKRUN_FLAG makes the kernel raise IORING_SQ_TASKRUN when such work is pending, and
         // the io-uring crate then adds GETEVENTS to a non-blocking submit too, so a reactor that
@@ -480,17 +351,6 @@ impl UringLane {
                 self.timeout_armed = false;
             } else {
                 self.out -= 1;
-                self.main_out -= 1;
-                out.push(Completion {
-                    token: cqe.user_data(),
-                    res: cqe.result(),
-                });
-            }
-        }
-        for extra in &mut self.extra {
-            for cqe in extra.ring.completion() {
-                self.out -= 1;
-                extra.out -= 1;
                 out.push(Completion {
                     token: cqe.user_data(),
                     res: cqe.result(),

@@ -56,21 +56,12 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
         Ok(e) => v.push(("io_uring", e)),
         Err(e) => skipped(format!("io_uring backend in this test: {e}")),
     }
-    // The same with kernel threads taking submissions (`IORING_SETUP_SQPOLL`), on two rings
-    // that share the pieces (`submission_polling_rings`).
+    // The same with a kernel thread taking submissions (`IORING_SETUP_SQPOLL`).
     match through_reactor(Backend::Uring)
         .submission_polling(std::time::Duration::from_millis(2))
-        .submission_polling_rings(2)
         .build()
     {
-        Ok(e) if e.backend().detail.contains("x2 rings") => v.push(("io_uring, SQPOLL x2", e)),
-        Ok(e) if e.backend().detail.contains("SQPOLL") => {
-            skipped(format!(
-                "a second SQPOLL ring in this test: the kernel refused it ({})",
-                e.backend().detail
-            ));
-            v.push(("io_uring, SQPOLL", e));
-        }
+        Ok(e) if e.backend().detail.contains("SQPOLL") => v.push(("io_uring, SQPOLL", e)),
         Ok(e) => skipped(format!(
             "submission polling in this test: the kernel refused it ({})",
             e.backend().detail

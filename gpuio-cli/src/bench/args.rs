@@ -262,10 +262,6 @@ pub struct BenchArgs {
     /// I/O flows; measured slower on a RAM-backed loop device (BENCHMARKS.md).
     #[arg(long, value_name = "MS", value_parser = validate::whole(1, 60_000u64))]
     pub(crate) sqpoll_idle_ms: Option<u64>,
-    /// With --sqpoll-idle-ms: this many rings, each with its own polling kernel thread
-    /// (`EngineBuilder::submission_polling_rings`).
-    #[arg(long, requires = "sqpoll_idle_ms", value_parser = validate::count(8))]
-    pub(crate) sqpoll_rings: Option<usize>,
     /// Print one JSON object per point (JSON lines); the last line of stdout is the last point.
     #[arg(long)]
     pub(crate) json: bool,
