@@ -383,7 +383,10 @@ fn synchronize_waits_for_the_stream_without_blocking_the_thread() {
         // for. (An earlier form asserted a wait of at least 200 ms of the kernel's 300, which
         // failed once on an H100: how long the kernel runs after its launch is the device's
         // business, so the test now asks the stream itself.)
-        assert!(!done.is_complete(), "the kernel ended before the wait began");
+        assert!(
+            !done.is_complete(),
+            "the kernel ended before the wait began"
+        );
         let t0 = std::time::Instant::now();
         engine.synchronize(&stream).await.expect("synchronize");
         let waited = t0.elapsed();
