@@ -85,8 +85,6 @@ pub(crate) mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;
 #[cfg(feature = "cuda")]
-pub(crate) mod funnel;
-#[cfg(feature = "cuda")]
 pub(crate) mod memops;
 #[cfg(all(feature = "cuda", feature = "safetensors"))]
 pub(crate) use memops::copy_rows;

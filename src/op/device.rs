@@ -297,7 +297,7 @@ impl DeviceCopyOut<'_> {
             // caller's stage, pageable memory of our own mapping that `queue_staged` has read
             // when it returns; the destination [dptr, dptr + n) lies inside the device buffer
             // (n is at most its length), whose pointer cudarc gave us for writing on `stream`.
-            unsafe { crate::cuda::funnel::queue_staged(raw, &[copy]) }
+            unsafe { copylist::queue_staged(raw, &[copy]) }
         });
         drop(write_guard);
         match queued {
@@ -352,7 +352,7 @@ impl DeviceCopyOut<'_> {
             // each destination lies inside the device buffer (`read_copy_specs` clips to `len`),
             // whose pointer cudarc gave us for writing on `stream`, and an op's pieces cover
             // disjoint ranges.
-            unsafe { crate::cuda::funnel::queue_staged(raw, &copies) }
+            unsafe { copylist::queue_staged(raw, &copies) }
         });
         // cudarc's write event, behind the copies, before the caller can act again.
         drop(write_guard);
