@@ -487,8 +487,6 @@ async fn measure(
     };
     // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
     // share of all: the path that served them is not the backend's.
-    // Requests the polling thread served from the page cache (`page_cache_fast_path`), as a
-    // share of all: the path that served them is not the backend's.
     let cached_share = (engine.cached_reads() as f64 / all.ops.max(1) as f64).min(1.0);
     let fast = if cached_share > 0.0 {
         format!(

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError};
 
 use super::combine::{CachedRead, Combined, CopyCombiner};
 use super::engine_shared::EngineShared;
+use super::engine_shared::StripedCounter;
 use super::future::Transfer;
 use super::gate::Gated;
 use super::msg::Msg;
@@ -22,8 +23,7 @@ use crate::error::{Context, Error, OpKind};
 /// Small reads whose slots went back to the reactor as soon as their copies were queued
 /// ([`DeviceCopyOut::copy_small`]), process-wide: for tests. Striped: every runtime thread
 /// adds to it once per small read, and one shared line would move between their caches.
-static SMALL_RELEASED_EARLY: super::engine_shared::StripedCounter =
-    super::engine_shared::StripedCounter::new();
+static SMALL_RELEASED_EARLY: StripedCounter = StripedCounter::new();
 
 /// How many small reads into device memory so far handed their bounce slots back as soon as
 /// their copies were queued (the driver had read the slots during the call), process-wide:

@@ -94,8 +94,9 @@ pub(super) fn fio_available() -> bool {
 }
 
 /// fio with the point's settings on the same file: io_uring engine, one job `qd` deep (a
-/// batch counts as its blocks), or `--jobs` jobs sharing that depth, for `--seconds`. Reads go to host memory (fio has no GPU
-/// target): for device points it stands for the storage side's ceiling.
+/// batch counts as its blocks), or `--jobs` jobs sharing that depth, for `--seconds`. Reads
+/// go to host memory (fio has no GPU target): for device points it stands for the storage
+/// side's ceiling.
 pub(super) async fn fio(
     a: &BenchArgs,
     point: Point,
