@@ -2,9 +2,9 @@
 //! side every engine handle and future shares: an MPSC queue plus the doorbell that wakes a
 //! sleeping reactor.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
 
 use super::gate::Gated;
 use super::request::OpRequest;
@@ -130,8 +130,20 @@ impl Awaited {
 /// MPSC queue, the doorbell that wakes a sleeping reactor, and whether anyone is still
 /// listening (the reactor's death, an orderly stop, or a forked child). Nothing else: the
 /// engine's policy and counters are in [`EngineShared`](super::engine_shared::EngineShared).
+///
+/// # Closing without a lock
+/// Every future sends through the one `Sender` (twice per small read: the submission and the
+/// slot's return), so it is never behind a lock: a mutex around it was contended by every
+/// runtime thread at once (measured at QD128, BENCHMARKS "Fifteenth session"). Closing sets
+/// `closed` and rings; the reactor treats `closed` with an empty queue as the channel's
+/// end, drains and drops its receiver. A send that read `closed` as unset just before it was
+/// set is one that came just before the close: the reactor takes it if it lands before its
+/// last look at the queue, and otherwise it is dropped with the receiver (a submission
+/// then fails with `Error::Shutdown` in `SubmitMsg`'s `Drop`) or, once the receiver is gone,
+/// handed back by `send` and refused here.
 pub(crate) struct ReactorHandle {
-    tx: Mutex<Option<Sender<Msg>>>,
+    tx: Sender<Msg>,
+    closed: AtomicBool,
     pub(crate) doorbell: Arc<Doorbell>,
     dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
@@ -144,7 +156,8 @@ pub(crate) struct ReactorHandle {
 impl ReactorHandle {
     pub(crate) fn new(tx: Sender<Msg>, doorbell: Arc<Doorbell>) -> Self {
         ReactorHandle {
-            tx: Mutex::new(Some(tx)),
+            tx,
+            closed: AtomicBool::new(false),
             doorbell,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
@@ -190,8 +203,6 @@ impl ReactorHandle {
         }
     }
 
-    /// Sends a message and rings the doorbell. A message to a dead reactor (or from a forked
-    /// child) is dropped, a submission refused (see `SubmitMsg`'s `Drop`).
     /// Whether this process is a fork of the one that built the engine (`op::fork`).
     pub(crate) fn inherited(&self) -> bool {
         super::fork::inherited(self.fork_generation)
@@ -203,17 +214,17 @@ impl ReactorHandle {
         self.is_dead() || self.inherited()
     }
 
+    /// Sends a message and rings the doorbell. A message to a closed or dead reactor (or from
+    /// a forked child) is dropped, a submission refused.
     pub(crate) fn send(&self, msg: Msg) {
         let urgent = msg.is_urgent();
         let unsent = if self.inherited() {
             // No reactor here, and the doorbell is the parent's: refuse, ring nothing.
             Some(msg)
+        } else if self.closed.load(Ordering::Acquire) {
+            Some(msg)
         } else {
-            let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-            match tx.as_ref() {
-                Some(tx) => tx.send(msg).err().map(|e| e.0),
-                None => Some(msg),
-            }
+            self.tx.send(msg).err().map(|e| e.0)
         };
         if let Some(msg) = unsent {
             // The reactor is gone: a submission fails now, naming the death where there was
@@ -230,11 +241,16 @@ impl ReactorHandle {
         }
     }
 
-    /// Drops the sender (the reactor sees the channel close once every handle is gone).
-    /// Closes the channel and wakes the reactor, which then sees the disconnect, drains and
-    /// exits. Without the wake an idle reactor, asleep with no timeout, would never look.
+    /// Closes the channel and wakes the reactor, which then sees it closed, drains and exits.
+    /// Without the wake an idle reactor, asleep with no timeout, would never look.
     pub(crate) fn close(&self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.closed.store(true, Ordering::SeqCst);
         self.doorbell.ring_always();
+    }
+
+    /// Whether [`close`](Self::close) was called: the reactor reads this once its queue is
+    /// empty, as the end of the channel.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
     }
 }

@@ -589,6 +589,7 @@ mod tests {
         assert_eq!(op.peek_result(), Some(Ok(64 << 20)));
     }
 
+    mod close;
     mod lifecycle;
     mod page_cache_copies;
     mod release;

@@ -363,7 +363,7 @@ impl Reactor {
         );
     }
 
-    /// Handles every queued message; a closed queue (every handle gone) starts shutdown.
+    /// Handles every queued message; a closed queue (`ReactorHandle::close`) starts shutdown.
     fn take_messages(&mut self) {
         loop {
             match self.rx.try_recv() {
@@ -371,8 +371,9 @@ impl Reactor {
                     self.note_work();
                     self.handle(m);
                 }
-                Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => {
+                Err(TryRecvError::Empty) if !self.engine.reactor.is_closed() => break,
+                // Closed (`ReactorHandle::close`) and empty: the channel's end.
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
                     self.begin_shutdown();
                     break;
                 }
@@ -391,8 +392,8 @@ impl Reactor {
                 self.handle(m);
                 false
             }
-            Err(TryRecvError::Empty) => may_block,
-            Err(TryRecvError::Disconnected) => {
+            Err(TryRecvError::Empty) if !self.engine.reactor.is_closed() => may_block,
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
                 self.doorbell.awake();
                 self.begin_shutdown();
                 false
