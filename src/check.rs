@@ -3,7 +3,9 @@
 //! `gpuio_check()` (C) all print this one [`Report`].
 
 use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+#[cfg(feature = "cuda")]
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::engine::Engine;

@@ -13,7 +13,7 @@
 //! for transports where the GPU cannot be reached directly, where the network, not a host
 //! copy, is the limit.
 
-#![cfg_attr(not(feature = "cuda"), allow(dead_code))]
+#![cfg_attr(not(feature = "cuda"), allow(dead_code, unused_imports))]
 
 use std::sync::{Arc, Mutex};
 

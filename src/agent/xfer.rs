@@ -422,6 +422,7 @@ impl Completion {
     }
 
     /// Sets what runs once the transport's part has succeeded (see the field).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn set_after(&mut self, after: After) {
         self.after = Some(after);
     }

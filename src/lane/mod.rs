@@ -58,6 +58,7 @@ pub(crate) enum LaneMem {
     /// pool registered) or an owned buffer the op holds until the piece completes.
     Host { ptr: *mut u8, fixed: Option<u16> },
     /// The cuFile lane's device staging memory, at this byte offset of its pool.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Device { offset: usize },
 }
 
@@ -109,6 +110,7 @@ pub(crate) enum WaitHint {
     /// Its completions wake the reactor (or it has none out): sleep as long as you like.
     Sleep,
     /// Its completions are found only by asking: look again within this long.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     PollEvery(Duration),
     /// Its completions are found only by polling and come fast: do not sleep.
     Spin,
@@ -119,6 +121,7 @@ pub(crate) enum WaitHint {
 pub(crate) struct RouteAsk<'a> {
     pub(crate) target: &'a Target,
     /// The device context of the op's caller memory, where that is device memory.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) device: Option<&'a DeviceCtx>,
     /// The engine's piece size for O_DIRECT-like transfers.
     pub(crate) direct_chunk: usize,
@@ -148,6 +151,7 @@ pub(crate) enum Routed {
     /// This lane serves it.
     Take(Route),
     /// This lane must serve it and cannot: the op fails with `Unsupported` naming `backend`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Refuse { backend: &'static str, why: String },
 }
 
@@ -158,6 +162,7 @@ pub(crate) enum Outcome {
     /// The lane failed the piece in its own terms. `fallback`: the piece may be read again
     /// by the main lane (and the file goes there from now on). `lost`: the lane cannot say
     /// whether its transfer still runs, so the piece's memory is never reused.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Failed {
         why: String,
         fallback: bool,

@@ -100,6 +100,7 @@ pub(crate) enum OpRequest {
     /// Work already queued on a CUDA stream (a stream-ordered cuFile read or write, a stream
     /// sync): the op stays in the reactor's table until the gate behind the work opens, so
     /// shutdown and death account for it like any other op.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Await {
         kind: OpKind,
         file: Option<Arc<Target>>,
