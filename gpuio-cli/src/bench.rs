@@ -295,6 +295,9 @@ async fn measure(
     if let Some(n) = a.page_cache_copies {
         builder = builder.page_cache_copies(n);
     }
+    if let Some(n) = a.copies_per_device {
+        builder = builder.copies_per_device(n);
+    }
     if a.no_residency {
         builder = builder.residency_aware(false);
     }

@@ -233,6 +233,10 @@ fn other_bad_values_are_refused_up_front() {
         ),
         (&["bench", "--jobs", "0"], &["--jobs"]),
         (
+            &["bench", "--copies-per-device", "0"],
+            &["--copies-per-device", "1..="],
+        ),
+        (
             &["bench", "--qd", "64", "--jobs", "3"],
             &["--qd 64", "--jobs 3", "multiple of 3"],
         ),

@@ -55,9 +55,12 @@ pub const DIRECT_DEPTH_PER_OP: usize = 16;
 /// Page-cache copies per GPU while every open read lands in GPU memory: a GPU's host-to-device
 /// link (≈55 GB/s pinned, H100/H200 hosts) fills at about a dozen concurrent copies of ≈4 GB/s
 /// each. Measured (issue 39, warm 16 MiB reads into one GPU): 12 copies ran best on the 16-core
-/// host and on the 32-core host (48.6–49.8 GB/s there, against 39.8–41.3 with the 24 that
-/// three copies per four cores gave).
-pub const COPIES_PER_DEVICE: usize = 12;
+/// host and on the 32-core host (48.6–49.8 GB/s there, against 39.8–41.3 with 24), and 14 as
+/// well as 12 there (46.11 against 46.53 GB/s). Two GPUs fed at once share the memory's
+/// bandwidth, each copy runs slower, and each link then needs a few more: 14 per GPU (28 in
+/// all) ran at 1.05–1.10x the 12 per GPU (24) on the 2x H100 host (BENCHMARKS, fifteenth
+/// session).
+pub const COPIES_PER_DEVICE: usize = 14;
 /// Bounce memory at most this large by default (pinned memory is the machine's to share).
 pub const MAX_BOUNCE_BYTES: usize = 1 << 30;
 
@@ -106,11 +109,12 @@ impl Sizing {
         // room for workers blocked on a page that is still being read in.
         let iowq = (2 * cores).clamp(4, 512) as u32;
         // Measured (BENCHMARKS.md): warm 16 MiB reads into GPU memory peaked at 12 copies on
-        // 16 cores and 24 on 32 (into two GPUs), and fell off on either side (16 cores: 16
-        // copies ran at 0.73x of 12; 32 cores: 32 copies at 0.75x of 24): past that the
-        // copies fight over memory bandwidth and over the cores the copies out to the GPU
-        // and the runtime need. Two on a two-core machine (host reads measured best there).
-        let page_cache_copies = (3 * cores / 4).max(2);
+        // 16 cores and 28 on 32 (into two GPUs: 1.05-1.10x the 24 of three per four cores),
+        // and fell off past that (16 cores: 16 copies ran at 0.73x of 12; 32 cores: 32 copies
+        // at 0.75-0.80x of 24): the copies then take the cores the copies out to the GPU, the
+        // reactor and the runtime need. So every core but four, and three per four cores on
+        // small machines (two on two cores: host reads measured best there).
+        let page_cache_copies = (3 * cores / 4).max(cores.saturating_sub(4)).max(2);
         let reasons = vec![
             format!(
                 "machine: {cores} usable core(s), {} of memory",
@@ -143,14 +147,15 @@ impl Sizing {
             ),
             format!("queue depth {queue_depth}: four pieces per core, at least 64"),
             format!(
-                "page-cache copies at most {page_cache_copies}: three per four cores, at least \
-                 two (more fight over memory bandwidth; measured best on 16 and 32 cores)"
+                "page-cache copies at most {page_cache_copies}: every core but four (three per \
+                 four cores below 16, at least two): four are left for the copies to the GPU, \
+                 the reactor and the runtime (measured best on 16 and 32 cores)"
             ),
             format!(
                 "page-cache copies per GPU at most {COPIES_PER_DEVICE} while every open read \
                  lands in GPU memory: a GPU's host-to-device link fills at about a dozen \
-                 copies (measured best on 16 and 32 cores into one GPU); two GPUs take twice \
-                 as many, within the cap above"
+                 copies, a few more while two GPUs share the memory's bandwidth (measured on \
+                 16 and 32 cores); two GPUs take twice as many, within the cap above"
             ),
             format!(
                 "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
@@ -209,6 +214,22 @@ mod tests {
         assert_eq!(s.block(), DIRECT_CHUNK);
     }
 
+    /// The measured hosts: 12 copies on 16 cores (as before), 28 on 32; three per four cores
+    /// on 8.
+    #[test]
+    fn page_cache_copies_leave_four_cores() {
+        let copies = |cores| {
+            Sizing::for_machine(Machine {
+                cores,
+                memory: 128 << 30,
+            })
+            .page_cache_copies
+        };
+        assert_eq!(copies(8), 6);
+        assert_eq!(copies(16), 12);
+        assert_eq!(copies(32), 28);
+    }
+
     #[test]
     fn large_machines_get_more_in_flight_within_memory() {
         let s = Sizing::for_machine(Machine {
@@ -218,7 +239,7 @@ mod tests {
         assert_eq!(s.bounce_bytes, 512 << 20);
         assert_eq!(s.queue_depth, 256);
         assert_eq!(s.iowq_workers, Some(128));
-        assert_eq!(s.page_cache_copies, 48);
+        assert_eq!(s.page_cache_copies, 60);
         // Memory bounds the pool: 8 GiB of RAM allows 256 MiB.
         let small = Sizing::for_machine(Machine {
             cores: 64,

@@ -213,6 +213,10 @@ pub struct BenchArgs {
     /// sized from the machine).
     #[arg(long, value_name = "N", value_parser = validate::count(1 << 20))]
     pub(crate) page_cache_copies: Option<usize>,
+    /// Most page-cache copies per GPU while every open read lands in GPU memory (default: the
+    /// engine's; `--page-cache-copies` alone sets this too)
+    #[arg(long, value_name = "N", value_parser = validate::count(1 << 20))]
+    pub(crate) copies_per_device: Option<usize>,
     /// Read every piece of a buffered file through the page cache, cached or not (default:
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
