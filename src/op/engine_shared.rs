@@ -74,6 +74,60 @@ impl EngineShared {
 /// Stripes of a [`StripedCounter`]: more than the threads that usually poll at once.
 const STRIPES: usize = 16;
 
+/// The calling thread's stripe, fixed for its life (a thread being torn down gets the first).
+fn thread_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+    }
+    MINE.try_with(|m| *m).unwrap_or(0)
+}
+
+/// Threads inside a short section ([`enter`](Self::enter) to the guard's drop), counted on
+/// each thread's stripe, so that one thread can wait until every thread that entered before
+/// some point has left ([`wait_empty`](Self::wait_empty)) without the section writing a line
+/// every thread shares. `ReactorHandle::send` is the section: see its `settle_sends`.
+#[derive(Default)]
+pub(crate) struct StripedPresence([Stripe; STRIPES]);
+
+/// A thread's presence in a [`StripedPresence`], ended by dropping it.
+pub(crate) struct Present<'a>(&'a AtomicU64);
+
+impl StripedPresence {
+    /// Enters the section. The count is sequentially consistent, so that a thread which then
+    /// reads a flag as unset is seen inside by a `wait_empty` that began after the flag was
+    /// set (the Dekker pattern: see `ReactorHandle`).
+    pub(crate) fn enter(&self) -> Present<'_> {
+        let stripe = &self.0[thread_stripe()].0;
+        stripe.fetch_add(1, Ordering::SeqCst);
+        Present(stripe)
+    }
+
+    /// Waits until no thread is inside (a thread that enters after a stripe was seen empty is
+    /// not waited for). Sections are a few instructions long: spin, then yield.
+    pub(crate) fn wait_empty(&self) {
+        for s in &self.0 {
+            let mut spins = 0u32;
+            while s.0.load(Ordering::SeqCst) != 0 {
+                if spins < 64 {
+                    std::hint::spin_loop();
+                    spins += 1;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Present<'_> {
+    fn drop(&mut self) {
+        // Release: what the thread did inside is visible to a `wait_empty` that reads the
+        // stripe back at zero.
+        self.0.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// A count many threads add to: each thread adds to a stripe of its own, a cache line apart,
 /// so that counting does not move one line between the cores' caches on every 4 KiB read.
 #[derive(Default)]
@@ -93,13 +147,7 @@ impl StripedCounter {
 
     /// Adds `n` on the calling thread's stripe.
     pub(crate) fn add(&self, n: u64) {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        thread_local! {
-            static MINE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
-        }
-        // A thread being torn down adds to the first stripe.
-        let i = MINE.try_with(|m| *m).unwrap_or(0);
-        self.0[i].0.fetch_add(n, Ordering::Relaxed);
+        self.0[thread_stripe()].0.fetch_add(n, Ordering::Relaxed);
     }
 
     /// The sum of every stripe (each read once: a moment's total, not a snapshot).
@@ -110,7 +158,33 @@ impl StripedCounter {
 
 #[cfg(test)]
 mod tests {
-    use super::StripedCounter;
+    use super::{StripedCounter, StripedPresence};
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
+
+    #[test]
+    fn waiting_for_presence_waits_for_whoever_is_inside() {
+        let p = Arc::new(StripedPresence::default());
+        let inside = p.enter();
+        let (tx, rx) = mpsc::channel();
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                p.wait_empty();
+                tx.send(()).unwrap();
+            })
+        };
+        assert!(
+            rx.recv_timeout(Duration::from_millis(50)).is_err(),
+            "returned while a thread was inside"
+        );
+        drop(inside);
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("returned once the thread left");
+        waiter.join().unwrap();
+        // Nobody inside: at once.
+        p.wait_empty();
+    }
 
     #[test]
     fn a_striped_count_adds_up_across_threads() {

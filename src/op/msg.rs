@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 
+use super::engine_shared::StripedPresence;
 use super::gate::Gated;
 use super::request::OpRequest;
 use super::{OpRef, OpShared, ReadyPieces};
 use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::doorbell::Doorbell;
 
-/// `Error::Shutdown` instead of leaving the future waiting forever.
 /// A submission. If it is dropped unprocessed (the reactor is gone), its op fails with
 /// `Error::Shutdown` instead of leaving the future waiting forever.
 pub(crate) struct SubmitMsg {
@@ -135,15 +135,19 @@ impl Awaited {
 /// Every future sends through the one `Sender` (twice per small read: the submission and the
 /// slot's return), so it is never behind a lock: a mutex around it was contended by every
 /// runtime thread at once (measured at QD128, BENCHMARKS "Fifteenth session"). Closing sets
-/// `closed` and rings; the reactor treats `closed` with an empty queue as the channel's
-/// end, drains and drops its receiver. A send that read `closed` as unset just before it was
-/// set is one that came just before the close: the reactor takes it if it lands before its
-/// last look at the queue, and otherwise it is dropped with the receiver (a submission
-/// then fails with `Error::Shutdown` in `SubmitMsg`'s `Drop`) or, once the receiver is gone,
-/// handed back by `send` and refused here.
+/// `closed` and rings. A send is a section (`sending`): enter, read `closed`, push, leave. A
+/// send that finds `closed` set refuses its message itself, naming the death where there was
+/// one. The reactor, once it sees `closed`, waits for the sends inside (`settle_sends`) and
+/// only then looks at the queue: every send that found the channel open entered before the
+/// flag was set (both sides are sequentially consistent: the sender enters, then reads the
+/// flag; the closer sets the flag, then the reactor reads the stripes), so its message is in
+/// the queue by then, and "closed, then empty" means every message sent before the close was
+/// taken, as when closing dropped the sender.
 pub(crate) struct ReactorHandle {
     tx: Sender<Msg>,
     closed: AtomicBool,
+    /// Sends under way (see the type's docs).
+    sending: StripedPresence,
     pub(crate) doorbell: Arc<Doorbell>,
     dead: AtomicBool,
     /// Why the reactor died (a panic or a failed kernel interface); unset after an orderly stop.
@@ -158,6 +162,7 @@ impl ReactorHandle {
         ReactorHandle {
             tx,
             closed: AtomicBool::new(false),
+            sending: StripedPresence::default(),
             doorbell,
             dead: AtomicBool::new(false),
             death: std::sync::OnceLock::new(),
@@ -221,10 +226,13 @@ impl ReactorHandle {
         let unsent = if self.inherited() {
             // No reactor here, and the doorbell is the parent's: refuse, ring nothing.
             Some(msg)
-        } else if self.closed.load(Ordering::Acquire) {
-            Some(msg)
         } else {
-            self.tx.send(msg).err().map(|e| e.0)
+            let _inside = self.sending.enter();
+            if self.closed.load(Ordering::SeqCst) {
+                Some(msg)
+            } else {
+                self.tx.send(msg).err().map(|e| e.0)
+            }
         };
         if let Some(msg) = unsent {
             // The reactor is gone: a submission fails now, naming the death where there was
@@ -248,9 +256,15 @@ impl ReactorHandle {
         self.doorbell.ring_always();
     }
 
-    /// Whether [`close`](Self::close) was called: the reactor reads this once its queue is
-    /// empty, as the end of the channel.
+    /// Whether [`close`](Self::close) was called.
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Waits until every send that found the channel open has put its message in the queue
+    /// (the reactor, once it has seen [`is_closed`](Self::is_closed)): from then on the queue
+    /// only shrinks, and once it is empty nothing sent before the close is missing.
+    pub(crate) fn settle_sends(&self) {
+        self.sending.wait_empty();
     }
 }

@@ -38,7 +38,10 @@ impl Reactor {
             Some(reason) => self.die(reason),
         }
         // Submissions that raced the close fail now, naming the death where there was one
-        // (SubmitMsg's Drop would say only "shut down").
+        // (SubmitMsg's Drop would say only "shut down"). `mark_dead` closed the channel:
+        // once the sends that found it open have landed, nothing more arrives (later sends
+        // refuse themselves, naming the death).
+        self.engine.reactor.settle_sends();
         while let Ok(msg) = self.rx.try_recv() {
             if let Msg::Submit(mut m) | Msg::Shutdown(mut m) = msg {
                 m.refuse(|ctx| self.engine.reactor.refusal(ctx));

@@ -181,6 +181,8 @@ pub(crate) struct Reactor {
     op_window: usize,
     cfg: ReactorConfig,
     shutting_down: bool,
+    /// The sends under way when the channel closed have landed (`ReactorHandle::settle_sends`).
+    sends_settled: bool,
     shutdown_waiters: Vec<Arc<OpShared>>,
     completions: Vec<Completion>,
     /// Messages waiting for their gate to open.
@@ -211,6 +213,14 @@ pub(crate) struct Reactor {
     next_serial: u64,
     /// Adds up where pieces spend their time (`Engine::occupancy`).
     occupancy: OccupancySampler,
+}
+
+/// What [`Reactor::next_message`] found.
+enum NextMsg {
+    Msg(Msg),
+    Empty,
+    /// The channel has ended: closed, and everything sent before the close taken.
+    End,
 }
 
 /// What one pass of the loop found.
@@ -258,6 +268,7 @@ impl Reactor {
             window_blocked_ops: 0,
             cfg,
             shutting_down: false,
+            sends_settled: false,
             shutdown_waiters: Vec::new(),
             completions: Vec::new(),
             gated: Vec::new(),
@@ -363,21 +374,39 @@ impl Reactor {
         );
     }
 
-    /// Handles every queued message; a closed queue (`ReactorHandle::close`) starts shutdown.
+    /// Handles every queued message; the channel's end (`next_message`) starts shutdown.
     fn take_messages(&mut self) {
         loop {
-            match self.rx.try_recv() {
-                Ok(m) => {
+            match self.next_message() {
+                NextMsg::Msg(m) => {
                     self.note_work();
                     self.handle(m);
                 }
-                Err(TryRecvError::Empty) if !self.engine.reactor.is_closed() => break,
-                // Closed (`ReactorHandle::close`) and empty: the channel's end.
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
+                NextMsg::Empty => break,
+                NextMsg::End => {
                     self.begin_shutdown();
                     break;
                 }
             }
+        }
+    }
+
+    /// The next queued message, or whether the queue is empty or has ended. Ended: closed
+    /// (`ReactorHandle::close`) before this look, every send that found it open has landed
+    /// (`ReactorHandle::settle_sends`, once), and empty. So a message sent before the close
+    /// is always taken; one sent after it is refused by its sender.
+    fn next_message(&mut self) -> NextMsg {
+        let closed = self.engine.reactor.is_closed();
+        if closed && !self.sends_settled {
+            self.engine.reactor.settle_sends();
+            self.sends_settled = true;
+        }
+        match self.rx.try_recv() {
+            Ok(m) => NextMsg::Msg(m),
+            Err(TryRecvError::Empty) if !closed => NextMsg::Empty,
+            // Every sender gone cannot happen while the reactor holds the engine's handle;
+            // it would end the channel as well.
+            Err(TryRecvError::Empty | TryRecvError::Disconnected) => NextMsg::End,
         }
     }
 
@@ -386,14 +415,14 @@ impl Reactor {
     /// the flag is caught here, one that pushes after it rings the doorbell.
     fn sleep_policy(&mut self, may_block: bool) -> (bool, Option<Duration>) {
         self.doorbell.prepare_sleep();
-        let mut block = match self.rx.try_recv() {
-            Ok(m) => {
+        let mut block = match self.next_message() {
+            NextMsg::Msg(m) => {
                 self.doorbell.awake();
                 self.handle(m);
                 false
             }
-            Err(TryRecvError::Empty) if !self.engine.reactor.is_closed() => may_block,
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => {
+            NextMsg::Empty => may_block,
+            NextMsg::End => {
                 self.doorbell.awake();
                 self.begin_shutdown();
                 false

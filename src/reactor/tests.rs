@@ -125,6 +125,49 @@ fn reactor_panic_fails_pending_ops_and_marks_the_engine_dead() {
     });
 }
 
+/// Reads submitted from several tasks while the reactor dies: every one fails with
+/// `ReactorDied` naming the panic, never a plain `Shutdown`, whichever side of the death its
+/// send fell on (a send under way when the channel closed lands before the reactor's last
+/// look at the queue: `ReactorHandle::settle_sends`).
+#[test]
+fn reads_racing_a_reactor_death_all_name_it() {
+    with_panic_fixture("the racing-death test", |backend, engine, file, rt| {
+        rt.block_on(async {
+            // 128 KiB reads: past the size the page cache serves in poll, so each reaches
+            // the reactor.
+            let tasks: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let file = file.clone();
+                    tokio::spawn(async move {
+                        let mut b = vec![0u8; 128 << 10];
+                        for i in 0u64.. {
+                            let off = ((t * 16 + i) % 64) * (128 << 10);
+                            if let Err(e) = file.read_into(&mut b, off).await {
+                                return e;
+                            }
+                        }
+                        unreachable!()
+                    })
+                })
+                .collect();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            engine.shared().reactor.send(Msg::PanicAtNextCompletion);
+            let errors =
+                tokio::time::timeout(Duration::from_secs(20), futures::future::join_all(tasks))
+                    .await
+                    .expect("reads hung after the reactor panicked");
+            for e in errors {
+                match e.expect("task ran to its error") {
+                    Error::ReactorDied { reason, .. } => {
+                        assert!(reason.contains("injected reactor panic"), "{reason}")
+                    }
+                    other => panic!("{backend:?}: expected ReactorDied, got {other:?}"),
+                }
+            }
+        });
+    });
+}
+
 /// Owned reads in the kernel when the reactor dies: each fails with `ReactorDied`, and
 /// its buffer is leaked (an empty one comes back), never freed while a piece may land.
 #[test]
