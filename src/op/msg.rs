@@ -135,9 +135,10 @@ impl Awaited {
 /// Every future sends through the one `Sender` (twice per small read: the submission and the
 /// slot's return), so it is never behind a lock: a mutex around it was contended by every
 /// runtime thread at once (measured at QD128, BENCHMARKS "Fifteenth session"). Closing sets
-/// `closed` and rings. A send is a section (`sending`): enter, read `closed`, push, leave. A
-/// send that finds `closed` set refuses its message itself, naming the death where there was
-/// one. The reactor, once it sees `closed`, waits for the sends inside (`settle_sends`) and
+/// `closed` and rings. A send reads `closed` and, finding it unset, is a section (`sending`):
+/// enter, read `closed` again, push, leave. A send that finds `closed` set refuses its message
+/// itself, naming the death where there was one (sends after the close never enter, so they
+/// cannot keep the reactor waiting). The reactor, once it sees `closed`, waits for the sends inside (`settle_sends`) and
 /// only then looks at the queue: every send that found the channel open entered before the
 /// flag was set (both sides are sequentially consistent: the sender enters, then reads the
 /// flag; the closer sets the flag, then the reactor reads the stripes), so its message is in
@@ -226,8 +227,16 @@ impl ReactorHandle {
         let unsent = if self.inherited() {
             // No reactor here, and the doorbell is the parent's: refuse, ring nothing.
             Some(msg)
+        } else if self.closed.load(Ordering::Acquire) {
+            // Closed already: refused without entering the section, so sends after the
+            // close (cancellations as futures drop, retries) never keep the reactor's
+            // `settle_sends` waiting. Acquire: `mark_dead` sets the death before the flag,
+            // and the refusal below names it.
+            Some(msg)
         } else {
             let _inside = self.sending.enter();
+            // Again inside the section: a close between the two reads is caught here, or
+            // the reactor waits for this send (see the type's docs).
             if self.closed.load(Ordering::SeqCst) {
                 Some(msg)
             } else {
