@@ -396,8 +396,9 @@ mod tests {
         assert_eq!(h.slots_in_use(), 0);
     }
 
-    /// Every handle gone: ops still running fail with `Shutdown`, the reactor waits for the
-    /// pieces in its lane, then reports itself drained.
+    /// The channel closed (`ReactorHandle::close`, as when the last engine handle goes): ops
+    /// still running fail with `Shutdown`, the reactor waits for the pieces in its lane, then
+    /// reports itself drained.
     #[test]
     fn shutdown_waits_for_the_lane_then_drains() {
         let mut h = harness(64 * K, 16, 64 * K, 64);
