@@ -138,9 +138,9 @@ impl Awaited {
 /// `closed` and rings. A send reads `closed` and, finding it unset, is a section (`sending`):
 /// enter, read `closed` again, push, leave. A send that finds `closed` set refuses its message
 /// itself, naming the death where there was one (sends after the close never enter, so they
-/// cannot keep the reactor waiting). The reactor, once it sees `closed`, waits for the sends inside (`settle_sends`) and
-/// only then looks at the queue: every send that found the channel open entered before the
-/// flag was set (both sides are sequentially consistent: the sender enters, then reads the
+/// cannot keep the reactor waiting). The reactor, once it sees `closed`, waits for the sends
+/// inside (`settle_sends`) and only then looks at the queue: every send that found the
+/// channel open entered before the flag was set (both sides are sequentially consistent: the sender enters, then reads the
 /// flag; the closer sets the flag, then the reactor reads the stripes), so its message is in
 /// the queue by then, and "closed, then empty" means every message sent before the close was
 /// taken, as when closing dropped the sender.
