@@ -140,10 +140,10 @@ impl Awaited {
 /// itself, naming the death where there was one (sends after the close never enter, so they
 /// cannot keep the reactor waiting). The reactor, once it sees `closed`, waits for the sends
 /// inside (`settle_sends`) and only then looks at the queue: every send that found the
-/// channel open entered before the flag was set (both sides are sequentially consistent: the sender enters, then reads the
-/// flag; the closer sets the flag, then the reactor reads the stripes), so its message is in
-/// the queue by then, and "closed, then empty" means every message sent before the close was
-/// taken, as when closing dropped the sender.
+/// channel open entered before the flag was set (both sides are sequentially consistent: the
+/// sender enters, then reads the flag; the closer sets the flag, then the reactor reads the
+/// stripes), so its message is in the queue by then, and "closed, then empty" means every
+/// message sent before the close was taken, as when closing dropped the sender.
 pub(crate) struct ReactorHandle {
     tx: Sender<Msg>,
     closed: AtomicBool,
