@@ -16,6 +16,7 @@
 //! and overlap pages concurrently should align their own writes to pages.
 
 pub mod align;
+pub(crate) mod cores;
 pub mod residency;
 pub mod sizing;
 
