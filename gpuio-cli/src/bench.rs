@@ -301,9 +301,6 @@ async fn measure(
     if a.no_residency {
         builder = builder.residency_aware(false);
     }
-    if let Some(n) = a.reserved_cores {
-        builder = builder.reserved_cores(n);
-    }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {
         base.direct_chunk

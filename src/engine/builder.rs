@@ -14,7 +14,6 @@ use crate::lane::doorbell::Doorbell;
 use crate::lane::pread::PreadLane;
 use crate::op::engine_shared::{EngineShared, OpPolicy};
 use crate::op::msg::{Msg, ReactorHandle};
-use crate::plan::cores::{CpuSet, reactor_core};
 use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
@@ -54,7 +53,6 @@ pub struct EngineBuilder {
     /// (off in tests only: the timeout-SQE path that Linux 5.6–5.10 takes).
     uring_ext_arg: bool,
     submission_polling: Option<std::time::Duration>,
-    reserved_cores: usize,
 }
 
 impl Default for EngineBuilder {
@@ -69,7 +67,6 @@ impl Default for EngineBuilder {
             copies_per_device: None,
             bounce_growth: None,
             pool_wait_limit: DEFAULT_POOL_WAIT_LIMIT,
-            reserved_cores: 0,
             backend: Backend::Auto,
             pread_threads: None,
             punt_min: Some(64 << 10),
@@ -137,15 +134,6 @@ impl EngineBuilder {
     /// copy: more of them than the memory's bandwidth feeds only slow each other down.
     pub fn page_cache_copies(mut self, n: usize) -> Self {
         self.page_cache_copies = Some(n);
-        self
-    }
-
-    /// Keeps the last `n` allowed CPUs away from io_uring's page-cache copying workers and
-    /// runs the reactor on the last of them (default 0: none; ignored where fewer than eight
-    /// would be left). Where as many copies run as there are cores, the reactor and the
-    /// runtime's threads otherwise wait behind them to start the next pieces.
-    pub fn reserved_cores(mut self, n: usize) -> Self {
-        self.reserved_cores = n;
         self
     }
 
@@ -456,12 +444,10 @@ impl EngineBuilder {
         let qd = sizing.queue_depth;
         let threads = self.pread_threads.unwrap_or(qd.min(64));
         let iowq = sizing.iowq_workers;
-        let mut uring_opts = UringOptions {
+        let uring_opts = UringOptions {
             ext_arg: self.uring_ext_arg,
             sqpoll: self.submission_polling,
-            iowq_cpus: None,
         };
-        let reserved = self.reserved_cores;
         let reactor_shared = shared.clone();
         let cfg = ReactorConfig {
             buffered_chunk: sizing.buffered_chunk,
@@ -483,15 +469,6 @@ impl EngineBuilder {
             .name("gpuio-reactor".into())
             .spawn(move || {
                 let _exit = exit_tx;
-                // The reactor's core, chosen on its own thread: io-wq workers follow the
-                // affinity of the thread that registers it.
-                let core = (reserved > 0)
-                    .then(|| CpuSet::of_this_thread().ok())
-                    .flatten()
-                    .and_then(|allowed| reactor_core(&allowed, reserved));
-                if let Some((_, rest)) = core {
-                    uring_opts.iowq_cpus = Some(rest);
-                }
                 let main =
                     match make_main_lane(backend, qd, iowq, threads, &arena, &doorbell, uring_opts)
                     {
@@ -501,16 +478,9 @@ impl EngineBuilder {
                             return;
                         }
                     };
-                let mut detail = main.describe();
-                if let Some((cpu, _)) = core {
-                    match CpuSet::only(cpu).pin_this_thread() {
-                        Ok(()) => detail.push_str(&format!("; reactor on CPU {cpu}")),
-                        Err(e) => detail.push_str(&format!("; reactor not pinned ({e})")),
-                    }
-                }
                 let info = BackendInfo {
                     name: main.name(),
-                    detail,
+                    detail: main.describe(),
                 };
                 tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
                 let _ = setup_tx.send(Ok(info));

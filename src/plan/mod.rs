@@ -16,7 +16,6 @@
 //! and overlap pages concurrently should align their own writes to pages.
 
 pub mod align;
-pub(crate) mod cores;
 pub mod residency;
 pub mod sizing;
 

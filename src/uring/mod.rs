@@ -120,9 +120,6 @@ pub(crate) struct UringOptions {
     pub(crate) ext_arg: bool,
     /// Submission-queue polling with this idle time (`EngineBuilder::submission_polling`).
     pub(crate) sqpoll: Option<std::time::Duration>,
-    /// The CPUs the ring's io-wq workers may run on (`IORING_REGISTER_IOWQ_AFF`); `None`
-    /// leaves them where the kernel puts them.
-    pub(crate) iowq_cpus: Option<crate::plan::cores::CpuSet>,
 }
 
 /// io_uring driver. Lives on the reactor thread (SINGLE_ISSUER requires it).
@@ -187,13 +184,6 @@ impl UringLane {
                 ));
             } else {
                 refused.push(format!("io-wq workers at most {n}"));
-            }
-        }
-        if let Some(cpus) = &opts.iowq_cpus {
-            // Linux 5.14+; an older kernel's refusal leaves the workers anywhere.
-            match ring.submitter().register_iowq_aff(cpus.as_raw()) {
-                Ok(()) => refused.push(format!("io-wq workers on {} CPUs", cpus.count())),
-                Err(e) => refused.push(format!("io-wq CPU affinity refused ({e})")),
             }
         }
         let fixed_ok = check_opcodes(&ring)?;

@@ -217,10 +217,6 @@ pub struct BenchArgs {
     /// engine's; `--page-cache-copies` alone sets this too)
     #[arg(long, value_name = "N", value_parser = validate::count(1 << 20))]
     pub(crate) copies_per_device: Option<usize>,
-    /// Keep the last N CPUs away from io_uring's copying workers, the reactor on the last
-    /// (`EngineBuilder::reserved_cores`; default 0)
-    #[arg(long, value_name = "N", value_parser = validate::whole(0usize, 1024))]
-    pub(crate) reserved_cores: Option<usize>,
     /// Read every piece of a buffered file through the page cache, cached or not (default:
     /// large reads of ranges the page cache lacks go O_DIRECT; `EngineBuilder::residency_aware`).
     #[arg(long)]
