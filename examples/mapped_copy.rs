@@ -9,9 +9,10 @@
 //! This probe says whether the kernel allows it (file-backed pages, long-term read-only pins)
 //! and what the registration costs per byte, for a few piece sizes and thread counts.
 //!
-//! `cargo run --release --example mapped_copy FILE [GiB [SECONDS THREADS]]` (default 4 GiB,
-//! at most the file's size; with SECONDS, one timed row instead of the table, to run beside
-//! another reader): read FILE once first so it is in the page cache. Prints "SKIPPED" and exits 0 where
+//! `cargo run --release --example mapped_copy FILE [GiB [SECONDS THREADS [contexts]]]`
+//! (default 4 GiB, at most the file's size; with SECONDS, one timed row instead of the table,
+//! to run beside another reader; with `contexts`, each thread in a context of its own): read
+//! FILE once first so it is in the page cache. Prints "SKIPPED" and exits 0 where
 //! no GPU exists.
 
 use std::os::fd::AsRawFd;
@@ -31,6 +32,8 @@ fn main() -> Res<()> {
     // `SECONDS THREADS`: one timed row (16 MiB pieces, one mapping) instead of the table.
     let timed: Option<f64> = args.next().and_then(|s| s.parse().ok());
     let timed_threads: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    // `contexts`: each thread registers and copies in a context of its own.
+    let own_contexts = args.next().as_deref() == Some("contexts");
     let ctx = match gpuio::cuda::context(0) {
         Ok(c) => c,
         Err(e) => {
@@ -63,6 +66,16 @@ fn main() -> Res<()> {
         span >> 20,
         t.elapsed().as_secs_f64() * 1e6
     );
+    if let (Some(secs), true) = (timed, own_contexts) {
+        let gbps = run_own_contexts(whole as usize, span, 16 << 20, timed_threads, secs)?;
+        println!(
+            "one mapping, 16 MiB pieces, {timed_threads} threads with a context each, {secs} s: \
+             {gbps:.2} GB/s"
+        );
+        // SAFETY: `whole` is the mapping made above; every registration within it has ended.
+        unsafe { libc::munmap(whole, span as usize) };
+        return Ok(());
+    }
     if let Some(secs) = timed {
         // Beside another reader (a second process): one row, this many seconds.
         let r = run(
@@ -282,4 +295,85 @@ fn run(
         unregister_us: per(unreg),
         check,
     })
+}
+
+/// Threads that each create a context of their own on device 0 and register, copy and
+/// unregister 16 MiB pieces of the mapping at `base` there, for `secs`: whether the driver's
+/// registration lock is the process's or the context's.
+fn run_own_contexts(base: usize, span: u64, piece: usize, threads: usize, secs: f64) -> Res<f64> {
+    let ok = |rc: sys::CUresult, what: &str| -> Res<()> {
+        if rc == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {rc:?}").into())
+        }
+    };
+    let next = std::sync::atomic::AtomicU64::new(0);
+    let t0 = Instant::now();
+    let run_for = Duration::from_secs_f64(secs);
+    let bytes: Vec<Res<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Res<u64> {
+                    let mut dev = 0;
+                    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+                    let mut stream: sys::CUstream = std::ptr::null_mut();
+                    let mut dst: sys::CUdeviceptr = 0;
+                    // SAFETY: out-pointers to locals; the context is made current on this
+                    // thread before the stream and the allocation are made in it, and all
+                    // three are destroyed below, after the last copy was waited for.
+                    unsafe {
+                        ok(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet")?;
+                        ok(
+                            sys::cuCtxCreate_v4(&mut ctx, std::ptr::null_mut(), 0, dev),
+                            "cuCtxCreate",
+                        )?;
+                        ok(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+                        ok(sys::cuStreamCreate(&mut stream, 0), "cuStreamCreate")?;
+                        ok(sys::cuMemAlloc_v2(&mut dst, piece), "cuMemAlloc")?;
+                    }
+                    let mut moved = 0u64;
+                    while t0.elapsed() < run_for {
+                        let off = next
+                            .fetch_add(piece as u64, std::sync::atomic::Ordering::Relaxed)
+                            % (span - span % piece as u64);
+                        let p = (base + off as usize) as *mut libc::c_void;
+                        // SAFETY: `p` lies in the live read-only mapping (`off + piece` within the
+                        // span); `dst` holds `piece` bytes; the copy is waited for before the
+                        // range is unregistered.
+                        unsafe {
+                            ok(
+                                sys::cuMemHostRegister_v2(
+                                    p,
+                                    piece,
+                                    sys::CU_MEMHOSTREGISTER_READ_ONLY,
+                                ),
+                                "register",
+                            )?;
+                            ok(sys::cuMemcpyHtoDAsync_v2(dst, p, piece, stream), "copy")?;
+                            ok(sys::cuStreamSynchronize(stream), "sync")?;
+                            ok(sys::cuMemHostUnregister(p), "unregister")?;
+                        }
+                        moved += piece as u64;
+                    }
+                    // SAFETY: made above on this thread; nothing is in flight.
+                    unsafe {
+                        ok(sys::cuMemFree_v2(dst), "cuMemFree")?;
+                        ok(sys::cuStreamDestroy_v2(stream), "cuStreamDestroy")?;
+                        ok(sys::cuCtxDestroy_v2(ctx), "cuCtxDestroy")?;
+                    }
+                    Ok(moved)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a thread panicked".into())))
+            .collect()
+    });
+    let secs = t0.elapsed().as_secs_f64();
+    let mut total = 0u64;
+    for b in bytes {
+        total += b?;
+    }
+    Ok(total as f64 / secs / 1e9)
 }
