@@ -25,7 +25,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 fn main() -> Res<()> {
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next() else {
-        eprintln!("usage: mapped_copy FILE [GiB]");
+        eprintln!("usage: mapped_copy FILE [GiB [SECONDS THREADS [contexts]]]");
         std::process::exit(2);
     };
     let gib: u64 = args.next().and_then(|s| s.parse().ok()).unwrap_or(4);
@@ -43,6 +43,10 @@ fn main() -> Res<()> {
     };
     let file = std::fs::File::open(&path)?;
     let span = (gib << 30).min(file.metadata()?.len());
+    if span < 64 << 20 {
+        // The largest piece below; a smaller span has no whole piece to read.
+        return Err(format!("{path}: at least 64 MiB are needed, {span} bytes to read").into());
+    }
     // One mapping of the whole span, made once: pieces are registered within it, so no piece
     // pays for building or tearing down page tables (munmap's TLB shootdowns).
     let t = Instant::now();
