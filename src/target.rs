@@ -81,6 +81,10 @@ pub(crate) struct Target {
     pub(crate) writable: bool,
     /// Set once the kernel refused `RWF_NOWAIT` reads of this file (`op::cached`).
     pub(crate) nowait_refused: std::sync::atomic::AtomicBool,
+    /// Set once the driver refused to register a mapping of this file (`op::mapped`): its
+    /// reads take the bounce path from then on.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) mapped_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Target {
@@ -221,6 +225,7 @@ impl Target {
             readable: how.read,
             writable: how.write,
             nowait_refused: std::sync::atomic::AtomicBool::new(false),
+            mapped_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -282,6 +287,7 @@ impl Target {
             readable: true,
             writable: true,
             nowait_refused: std::sync::atomic::AtomicBool::new(false),
+            mapped_refused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -476,6 +482,7 @@ impl Target {
             readable: false,
             writable: false,
             nowait_refused: std::sync::atomic::AtomicBool::new(false),
+            mapped_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -500,6 +507,7 @@ impl Target {
             readable: true,
             writable: true,
             nowait_refused: std::sync::atomic::AtomicBool::new(false),
+            mapped_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }

@@ -335,6 +335,7 @@ async fn measure(
         .queue_depth(qd_engine)
         .bounce_slots(slots)
         .page_cache_fast_path(!a.no_fast_path)
+        .mapped_reads(a.mapped_reads)
         .async_copy_threshold(if a.inline_copies {
             None
         } else {
@@ -499,6 +500,14 @@ async fn measure(
     } else {
         String::new()
     };
+    // Requests copied straight from registered page-cache mappings (`--mapped-reads`).
+    let mapped_share = a
+        .mapped_reads
+        .then(|| (engine.mapped_reads() as f64 / all.ops.max(1) as f64).min(1.0));
+    let fast = match mapped_share {
+        Some(m) => format!("{fast} ({:.0}% of requests mapped, no CPU copy)", m * 100.0),
+        None => fast,
+    };
     outln!(
         "{} {:?}{} {:?} to {} bs={} qd={} {}: {} in {secs:.2} s = {gbps:.3} GB/s, {iops:.0} IOPS, \
          lat p50 {} us p99 {} us, CPU {:.2} cores ({:.3} CPU s/GB, {:.2} CPU s per million \
@@ -555,6 +564,7 @@ async fn measure(
         to: a.to.to_string(),
         per_gpu_gbps: (per_gpu_gbps.len() > 1).then_some(per_gpu_gbps),
         cached_share,
+        mapped_share,
         jobs: a.jobs,
         occupancy: crate::bench::report::OccupancyJson {
             in_kernel: occ.mean_in_kernel(),

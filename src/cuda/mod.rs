@@ -85,6 +85,8 @@ pub(crate) mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod event;
 #[cfg(feature = "cuda")]
+pub(crate) mod mapped;
+#[cfg(feature = "cuda")]
 pub(crate) mod memops;
 #[cfg(all(feature = "cuda", feature = "safetensors"))]
 pub(crate) use memops::copy_rows;

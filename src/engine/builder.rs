@@ -45,6 +45,7 @@ pub struct EngineBuilder {
     punt_min: Option<usize>,
     residency_aware: bool,
     cached_fast_path: bool,
+    mapped_reads: bool,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -72,6 +73,7 @@ impl Default for EngineBuilder {
             punt_min: Some(64 << 10),
             residency_aware: true,
             cached_fast_path: true,
+            mapped_reads: false,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -295,6 +297,24 @@ impl EngineBuilder {
         self
     }
 
+    /// Whether large warm reads into device memory skip the CPU copy (default off): a read of
+    /// at least 2 MiB of a buffered file, wholly in the page cache, is mapped read-only, the
+    /// mapping is registered with the CUDA driver (which pins the page-cache pages), and the
+    /// GPU copies straight from them. One thread per engine registers and unregisters.
+    ///
+    /// What it trades (BENCHMARKS.md, "Mapped reads"): about a fifth of the CPU time per GB
+    /// of the bounce path, at a rate the driver caps, because it serializes registration
+    /// within a process (14–19 GB/s into one GPU on the hosts measured, against 41–50 GB/s
+    /// through the bounce path on 12 cores). For services that load while they serve and
+    /// want the cores more than the last GB/s. Reads that do not qualify (cold, partly cached,
+    /// past the end of the file, O_DIRECT, a batch's, a stream capturing a graph) and files
+    /// whose mappings the driver refuses take the bounce path. Needs the `cuda` feature; does
+    /// nothing without it.
+    pub fn mapped_reads(mut self, on: bool) -> Self {
+        self.mapped_reads = on;
+        self
+    }
+
     /// Whether large reads of buffered files ask the page cache what it holds first (default
     /// on): ranges it mostly lacks are read with O_DIRECT through a second descriptor, at the
     /// disk's direct rate, and ranges it holds are copied from it, so a cold file loads at
@@ -436,6 +456,7 @@ impl EngineBuilder {
         let (tx, rx) = channel::<Msg>();
         let policy = OpPolicy {
             cached_fast_path: self.cached_fast_path,
+            mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
         };
         let reactor = ReactorHandle::new(tx, doorbell.clone());
         let shared = Arc::new(EngineShared::new(reactor, arena.clone(), policy));

@@ -113,6 +113,12 @@ impl Drop for EngineInner {
             }
             return;
         }
+        // Mapped reads first: revoke the registrations no copy has used, wait for the copies
+        // that read the others, unregister everything.
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.shared.started_registrar() {
+            r.close(REACTOR_JOIN_WAIT);
+        }
         self.shared.reactor.close();
         let Some(t) = self.reactor.take() else { return };
         if t.thread().id() == std::thread::current().id() {
@@ -227,6 +233,27 @@ impl Engine {
     /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
     pub fn cached_reads(&self) -> u64 {
         self.inner.shared.stats.cached_reads.load()
+    }
+
+    /// Reads into device memory so far copied straight from registered page-cache mappings
+    /// (see [`EngineBuilder::mapped_reads`]).
+    pub fn mapped_reads(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.inner.shared.started_registrar() {
+            return r.counts().served.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        0
+    }
+
+    /// Page-cache ranges registered with the driver for mapped reads right now: copies in
+    /// flight, plus registrations whose futures have not taken them yet. For tests.
+    #[doc(hidden)]
+    pub fn mapped_registrations_live(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.inner.shared.started_registrar() {
+            return r.counts().live.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        0
     }
 
     /// Where this engine's pieces have spent their time so far: take two and subtract

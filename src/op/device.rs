@@ -189,7 +189,7 @@ pub(super) fn stageable(stream: &CudaStream) -> bool {
 
 impl DeviceCopyOut<'_> {
     /// The stream the copies go on: the caller's, else the memory's own.
-    fn copy_stream(&self) -> Arc<CudaStream> {
+    pub(super) fn copy_stream(&self) -> Arc<CudaStream> {
         self.stream
             .clone()
             .unwrap_or_else(|| self.dst.own_stream().clone())

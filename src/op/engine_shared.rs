@@ -16,12 +16,17 @@ pub(crate) struct OpPolicy {
     /// Small host reads may be served straight from the page cache by the polling thread
     /// (`op::cached`); off, every read goes through the reactor.
     pub(crate) cached_fast_path: bool,
+    /// Large warm reads into device memory DMA'd straight from registered page-cache
+    /// mappings (`op::mapped`); off, they take the bounce path.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) mapped_reads: bool,
 }
 
 impl Default for OpPolicy {
     fn default() -> Self {
         OpPolicy {
             cached_fast_path: true,
+            mapped_reads: false,
         }
     }
 }
@@ -55,6 +60,10 @@ pub(crate) struct EngineShared {
     /// Pinned memory batches into device memory stage page-cache reads in (`cuda::stage`).
     #[cfg(feature = "cuda")]
     pub(crate) stages: Arc<crate::cuda::stage::StagePool>,
+    /// The thread that registers page-cache mappings for mapped reads, started at the first
+    /// one (`None` inside: it could not be started).
+    #[cfg(feature = "cuda")]
+    registrar: std::sync::OnceLock<Option<Arc<crate::cuda::mapped::Registrar>>>,
 }
 
 impl EngineShared {
@@ -67,7 +76,33 @@ impl EngineShared {
             stats: EngineStats::default(),
             #[cfg(feature = "cuda")]
             stages: Arc::default(),
+            #[cfg(feature = "cuda")]
+            registrar: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The mapped reads' registrar, started now if it was not (`None`: mapped reads are off,
+    /// or its thread could not be started).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn registrar(&self) -> Option<&Arc<crate::cuda::mapped::Registrar>> {
+        if !self.policy.mapped_reads {
+            return None;
+        }
+        self.registrar
+            .get_or_init(|| match crate::cuda::mapped::Registrar::start() {
+                Ok(r) => Some(Arc::new(r)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "mapped reads off: the registrar's thread did not start");
+                    None
+                }
+            })
+            .as_ref()
+    }
+
+    /// The registrar if it was started (without starting it).
+    #[cfg(feature = "cuda")]
+    pub(crate) fn started_registrar(&self) -> Option<&Arc<crate::cuda::mapped::Registrar>> {
+        self.registrar.get().and_then(Option::as_ref)
     }
 }
 

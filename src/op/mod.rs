@@ -12,6 +12,8 @@ pub(crate) mod engine_shared;
 pub(crate) mod fork;
 pub(crate) mod future;
 pub(crate) mod gate;
+#[cfg(feature = "cuda")]
+pub(crate) mod mapped;
 pub(crate) mod msg;
 pub(crate) mod occupancy;
 pub(crate) mod progress;

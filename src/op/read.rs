@@ -83,6 +83,10 @@ enum ReadStage<'a> {
     FirstPoll(FirstPoll<'a>),
     /// The op, sent to the reactor at its first poll.
     Op(OpFuture<CopyOut<'a>>),
+    /// A large warm read into device memory, handed to the engine's registrar at its first
+    /// poll (`op::mapped`); the read itself is kept to fall back to the reactor.
+    #[cfg(feature = "cuda")]
+    Mapped(FirstPoll<'a>, super::mapped::MappedRead),
     /// Served from the page cache and returned.
     Done,
 }
@@ -136,6 +140,8 @@ impl<'a> ReadInto<'a> {
         match &mut self.stage {
             ReadStage::FirstPoll(f) => Some(&mut f.transfer),
             ReadStage::Op(op) => Some(op.transfer_mut()),
+            #[cfg(feature = "cuda")]
+            ReadStage::Mapped(f, _) => Some(&mut f.transfer),
             ReadStage::Done => None,
         }
     }
@@ -165,6 +171,10 @@ impl<'a> ReadInto<'a> {
                 f.progress = Some(super::progress::OpProgress::new(progress, len));
             }
             ReadStage::Op(op) => op.track(progress, len),
+            #[cfg(feature = "cuda")]
+            ReadStage::Mapped(f, _) => {
+                f.progress = Some(super::progress::OpProgress::new(progress, len));
+            }
             ReadStage::Done => {}
         }
         self
@@ -220,6 +230,27 @@ impl FirstPoll<'_> {
     }
 }
 
+impl<'a> FirstPoll<'a> {
+    /// Hands a large warm read into device memory to the engine's registrar where it
+    /// qualifies (`op::mapped::try_start`).
+    #[cfg(feature = "cuda")]
+    fn start_mapped(&self) -> Option<super::mapped::MappedRead> {
+        match &self.transfer {
+            Either::Device(d) => {
+                super::mapped::try_start(self.file.engine_shared(), self.file.target(), d)
+            }
+            Either::Host(_) => None,
+        }
+    }
+
+    /// The read's op, sent to the reactor at its first poll.
+    fn into_op(self) -> OpFuture<CopyOut<'a>> {
+        let mut op = self.file.start_read(self.offset, self.transfer);
+        op.set_progress(self.progress);
+        op
+    }
+}
+
 impl Future for ReadInto<'_> {
     type Output = Result<usize>;
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
@@ -233,9 +264,41 @@ impl Future for ReadInto<'_> {
             else {
                 unreachable!()
             };
-            let mut op = first.file.start_read(first.offset, first.transfer);
-            op.set_progress(first.progress);
-            this.stage = ReadStage::Op(op);
+            #[cfg(feature = "cuda")]
+            if let Some(m) = first.start_mapped() {
+                this.stage = ReadStage::Mapped(first, m);
+            } else {
+                this.stage = ReadStage::Op(first.into_op());
+            }
+            #[cfg(not(feature = "cuda"))]
+            {
+                this.stage = ReadStage::Op(first.into_op());
+            }
+        }
+        #[cfg(feature = "cuda")]
+        if let ReadStage::Mapped(first, m) = &mut this.stage {
+            let Either::Device(d) = &mut first.transfer else {
+                unreachable!("only device reads are mapped")
+            };
+            match m.poll(d, first.file.target(), cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(super::mapped::MappedOutcome::Done(result)) => {
+                    if let (Ok(n), Some(p)) = (&result, &mut first.progress) {
+                        p.add(*n as u64);
+                    }
+                    this.stage = ReadStage::Done;
+                    return Poll::Ready(result);
+                }
+                Poll::Ready(super::mapped::MappedOutcome::Fallback) => {
+                    let ReadStage::Mapped(first, m) =
+                        std::mem::replace(&mut this.stage, ReadStage::Done)
+                    else {
+                        unreachable!()
+                    };
+                    drop(m);
+                    this.stage = ReadStage::Op(first.into_op());
+                }
+            }
         }
         match &mut this.stage {
             ReadStage::Op(op) => Pin::new(op).poll(cx).map(super::to_usize),

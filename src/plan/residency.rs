@@ -270,7 +270,7 @@ impl Drop for Mapping {
     }
 }
 
-fn page_size() -> u64 {
+pub(crate) fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 { p as u64 } else { 4096 }

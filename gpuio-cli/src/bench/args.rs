@@ -232,6 +232,10 @@ pub struct BenchArgs {
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
     pub(crate) no_fast_path: bool,
+    /// Large warm reads into GPU memory copied straight from the page cache, without a CPU
+    /// copy: the range mapped and registered with the driver (`EngineBuilder::mapped_reads`).
+    #[arg(long)]
+    pub(crate) mapped_reads: bool,
     /// Every task's device buffer on one CUDA stream per GPU (as under a framework's current
     /// stream) instead of a stream per task.
     #[arg(long)]

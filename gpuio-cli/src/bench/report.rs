@@ -54,6 +54,10 @@ pub(super) struct PointJson {
     pub per_gpu_gbps: Option<Vec<f64>>,
     /// Share of requests the polling thread served from the page cache (0 to 1).
     pub cached_share: f64,
+    /// Share of requests copied straight from registered page-cache mappings
+    /// (`--mapped-reads`; absent when off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mapped_share: Option<f64>,
     /// Runtime tasks that polled the requests (`--jobs`; absent: one per request).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub jobs: Option<usize>,
@@ -276,6 +280,7 @@ mod tests {
             to: "gpu:0".into(),
             per_gpu_gbps: None,
             cached_share: 0.0,
+            mapped_share: None,
             jobs: None,
             occupancy: OccupancyJson {
                 in_kernel: 0.0,

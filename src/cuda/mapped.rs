@@ -1,0 +1,393 @@
+//! Warm reads into device memory without a CPU copy (opt-in,
+//! [`EngineBuilder::mapped_reads`](crate::EngineBuilder::mapped_reads)): the read's range of
+//! the file is mapped read-only, the mapping is registered with the driver
+//! (`cuMemHostRegister`, read-only), which pins the page-cache pages behind it, and the GPU
+//! DMAs straight from them. This module is the registrar: one thread per engine that registers
+//! and unregisters, because the driver serializes registration per process
+//! (docs/mapped-reads.md) and a registration takes hundreds of microseconds that no runtime
+//! thread should spend. The future that asked queues the copy itself, in its own `poll`
+//! (`op::mapped`), as it does from a bounce slot.
+//!
+//! # Soundness
+//! - **The mapping outlives its registration:** a [`MappedJob`] owns its mapping, and the
+//!   registrar holds the job until it has unregistered it (or, where that cannot be known to be
+//!   safe, keeps both for the process's life).
+//! - **The registration outlives the copy that reads it:** the future queues its copy only
+//!   while the job is `Registered`, under the job's lock, and leaves it `Gated` behind an event
+//!   recorded after the copy; the registrar unregisters a gated job only once that event has
+//!   completed. A future dropped or leaked before it queued a copy leaves the job `Registered`
+//!   or `Queued`; the registrar unregisters it once it sees it abandoned, or at the engine's
+//!   close (it then revokes the job under the same lock, so no copy can start afterwards).
+//! - **The CPU never reads the mapping.** Only the driver (to pin) and the copy engine touch
+//!   it: a file truncated under a mapping makes a registration fail (the pages are not there to
+//!   pin), never a `SIGBUS`, and pinned pages stay valid memory until unregistered, so a copy
+//!   racing a truncate or a write reads the bytes as they were pinned, as a racing `pread`
+//!   could.
+
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Waker;
+use std::time::Duration;
+
+use cudarc::driver::CudaContext;
+use cudarc::driver::sys;
+
+use super::event::EventGate;
+
+/// Reads shorter than this keep the bounce path: a registration costs about 100 µs whatever
+/// its size (docs/mapped-reads.md), against 0.5 ms of CPU copy for 2 MiB.
+pub const MAPPED_READ_MIN: usize = 2 << 20;
+
+/// How often the registrar looks at copies' events while some are pending: a 16 MiB copy
+/// takes about 300 µs.
+const GATE_POLL: Duration = Duration::from_micros(20);
+
+/// A read-only shared mapping of a file range, unmapped on drop. Never dereferenced.
+pub(crate) struct FileMapping {
+    addr: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: the address is only handed to the driver (register, copy, unregister) and to
+// munmap, never dereferenced, so which thread holds it does not matter.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above; no method reads through the pointer.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// Maps the pages of the file behind `fd` that hold bytes `[pos, pos + len)`; returns the
+    /// mapping and where byte `pos` sits in it. Nothing is faulted in.
+    pub(crate) fn new(fd: BorrowedFd<'_>, pos: u64, len: usize) -> std::io::Result<(Self, usize)> {
+        let page = crate::plan::residency::page_size();
+        let start = pos - pos % page;
+        let in_page = (pos - start) as usize;
+        let map_len = (in_page + len).next_multiple_of(page as usize);
+        let off = libc::off_t::try_from(start)
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
+        // SAFETY: a fresh read-only shared mapping chosen by the kernel (no fixed address), of
+        // an open descriptor the caller borrows for the call; nothing else is affected.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                off,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok((FileMapping { addr, len: map_len }, in_page))
+    }
+
+    /// The mapping's first byte, as the driver takes it.
+    pub(crate) fn addr(&self) -> u64 {
+        self.addr as u64
+    }
+}
+
+impl Drop for FileMapping {
+    fn drop(&mut self) {
+        // SAFETY: `addr`/`len` are exactly the mapping `new` made, unmapped only here; no
+        // registration covers it any more (the registrar drops its job only after
+        // unregistering, and keeps for good a job it could not unregister).
+        unsafe { libc::munmap(self.addr, self.len) };
+    }
+}
+
+/// Where a job stands. One lock guards it and the waker; see the module's soundness notes.
+pub(crate) enum JobState {
+    /// Sent to the registrar, not registered yet.
+    Queued,
+    /// The registrar is registering it, outside the lock.
+    Registering,
+    /// Registered: the future may queue its copy.
+    Registered,
+    /// The copy is queued; unregister once this event has completed.
+    Gated(EventGate),
+    /// A copy may be queued with nothing to say when it ends: stays registered and mapped for
+    /// the process's life.
+    Stuck,
+    /// Registration failed (the reason): the read goes the bounce way.
+    Refused(String),
+    /// The future went before it queued a copy.
+    Abandoned,
+    /// The engine closed before the future took it.
+    Revoked,
+}
+
+/// One read's mapping, registration state and waker, shared by the future and the registrar.
+pub(crate) struct MappedJob {
+    pub(crate) ctx: Arc<CudaContext>,
+    map: FileMapping,
+    state: Mutex<(JobState, Option<Waker>)>,
+}
+
+impl MappedJob {
+    pub(crate) fn new(ctx: Arc<CudaContext>, map: FileMapping) -> Arc<Self> {
+        Arc::new(MappedJob {
+            ctx,
+            map,
+            state: Mutex::new((JobState::Queued, None)),
+        })
+    }
+
+    /// The mapping's first byte.
+    pub(crate) fn addr(&self) -> u64 {
+        self.map.addr()
+    }
+
+    /// The job's state and waker, locked.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, (JobState, Option<Waker>)> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the state and wakes the future waiting on it.
+    fn settle(guard: &mut MutexGuard<'_, (JobState, Option<Waker>)>, to: JobState) {
+        guard.0 = to;
+        if let Some(w) = guard.1.take() {
+            w.wake();
+        }
+    }
+}
+
+enum RegistrarMsg {
+    Job(Arc<MappedJob>),
+    /// A job changed state (gated or abandoned): look again.
+    Poke,
+    Close,
+}
+
+/// The engine's registrar: its thread, started at the first mapped read, and its counters.
+pub(crate) struct Registrar {
+    tx: mpsc::Sender<RegistrarMsg>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    exited: Mutex<mpsc::Receiver<()>>,
+    counts: Arc<RegistrarCounts>,
+}
+
+/// What tests and `gpuio bench` read of a registrar.
+#[derive(Default)]
+pub(crate) struct RegistrarCounts {
+    /// Ranges registered now.
+    pub(crate) live: AtomicUsize,
+    /// Reads whose copy was queued from a registration.
+    pub(crate) served: AtomicU64,
+    /// Registrations the driver refused.
+    pub(crate) refused: AtomicU64,
+}
+
+impl Registrar {
+    /// Starts the registrar's thread.
+    pub(crate) fn start() -> std::io::Result<Registrar> {
+        let (tx, rx) = mpsc::channel();
+        let (exit_tx, exited) = mpsc::channel();
+        let counts = Arc::new(RegistrarCounts::default());
+        let c = counts.clone();
+        let thread = std::thread::Builder::new()
+            .name("gpuio-registrar".into())
+            .spawn(move || {
+                run(rx, &c);
+                drop(exit_tx);
+            })?;
+        Ok(Registrar {
+            tx,
+            thread: Mutex::new(Some(thread)),
+            exited: Mutex::new(exited),
+            counts,
+        })
+    }
+
+    /// Hands `job` to the thread; `false` if it has gone (the read takes the bounce path).
+    pub(crate) fn submit(&self, job: Arc<MappedJob>) -> bool {
+        self.tx.send(RegistrarMsg::Job(job)).is_ok()
+    }
+
+    /// Tells the thread a job changed state.
+    pub(crate) fn poke(&self) {
+        let _ = self.tx.send(RegistrarMsg::Poke);
+    }
+
+    pub(crate) fn counts(&self) -> &RegistrarCounts {
+        &self.counts
+    }
+
+    /// Closes the registrar: jobs not yet taken are revoked and unregistered, copies still
+    /// running are waited for, then the thread exits; joined if that happens within `wait`
+    /// (otherwise it finishes on its own).
+    pub(crate) fn close(&self, wait: Duration) {
+        let _ = self.tx.send(RegistrarMsg::Close);
+        let Some(t) = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        let exited = self.exited.lock().unwrap_or_else(|p| p.into_inner());
+        match exited.recv_timeout(wait) {
+            Err(RecvTimeoutError::Timeout) => tracing::warn!(
+                "gpuio engine dropped while mapped reads' copies still run; the registrar \
+                 unregisters them in the background"
+            ),
+            _ => {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+impl Drop for Registrar {
+    fn drop(&mut self) {
+        self.close(Duration::from_secs(2));
+    }
+}
+
+/// One job as the registrar holds it.
+struct Entry {
+    job: Arc<MappedJob>,
+    registered: bool,
+}
+
+/// The registrar's loop: take jobs, register the oldest queued one per turn, unregister what
+/// is done with; on close, revoke and drain.
+fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
+    let mut jobs: VecDeque<Entry> = VecDeque::new();
+    let mut closing = false;
+    loop {
+        let (mut queued, mut gated) = (false, false);
+        for e in &jobs {
+            match e.job.lock().0 {
+                JobState::Queued => queued = true,
+                JobState::Gated(_) => gated = true,
+                _ => {}
+            }
+        }
+        let first = if closing || queued {
+            match rx.try_recv() {
+                Ok(m) => Some(m),
+                Err(TryRecvError::Empty) => None,
+                Err(TryRecvError::Disconnected) => Some(RegistrarMsg::Close),
+            }
+        } else if gated {
+            match rx.recv_timeout(GATE_POLL) {
+                Ok(m) => Some(m),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => Some(RegistrarMsg::Close),
+            }
+        } else {
+            Some(rx.recv().unwrap_or(RegistrarMsg::Close))
+        };
+        let mut next = first;
+        while let Some(m) = next {
+            match m {
+                RegistrarMsg::Job(job) => jobs.push_back(Entry {
+                    job,
+                    registered: false,
+                }),
+                RegistrarMsg::Poke => {}
+                RegistrarMsg::Close => closing = true,
+            }
+            next = rx.try_recv().ok();
+        }
+        if !closing {
+            if let Some(e) = jobs
+                .iter_mut()
+                .find(|e| matches!(e.job.lock().0, JobState::Queued))
+            {
+                register(e, counts);
+            }
+        }
+        jobs.retain_mut(|e| !settle(e, closing, counts));
+        if closing && jobs.is_empty() {
+            return;
+        }
+    }
+}
+
+/// Registers `e`'s mapping, outside its lock; the future is woken to queue its copy.
+fn register(e: &mut Entry, counts: &RegistrarCounts) {
+    let job = &e.job;
+    {
+        let mut g = job.lock();
+        if !matches!(g.0, JobState::Queued) {
+            return;
+        }
+        g.0 = JobState::Registering;
+    }
+    let rc = match job.ctx.bind_to_thread() {
+        // SAFETY: the range is the job's own live mapping, which the job (held here) keeps
+        // mapped until after it is unregistered; read-only registration matches its
+        // protection. Nothing reads the memory on the CPU.
+        Ok(()) => unsafe {
+            sys::cuMemHostRegister_v2(job.map.addr, job.map.len, sys::CU_MEMHOSTREGISTER_READ_ONLY)
+        },
+        Err(e) => e.0,
+    };
+    let mut g = job.lock();
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        counts.refused.fetch_add(1, Ordering::Relaxed);
+        let why = format!("cuMemHostRegister of a file mapping: {rc:?}");
+        if !matches!(g.0, JobState::Abandoned) {
+            MappedJob::settle(&mut g, JobState::Refused(why));
+        }
+        return;
+    }
+    e.registered = true;
+    counts.live.fetch_add(1, Ordering::Relaxed);
+    if !matches!(g.0, JobState::Abandoned) {
+        MappedJob::settle(&mut g, JobState::Registered);
+    }
+}
+
+/// Acts on `e`'s state; `true` once the registrar is done with it (unregistered, never
+/// registered, or kept for good).
+fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
+    let mut g = e.job.lock();
+    match &g.0 {
+        JobState::Queued | JobState::Registered if closing => {
+            MappedJob::settle(&mut g, JobState::Revoked);
+        }
+        JobState::Queued | JobState::Registering | JobState::Registered => return false,
+        JobState::Gated(gate) => {
+            let done = if closing {
+                gate.wait().map(|()| true)
+            } else {
+                gate.query()
+            };
+            match done {
+                Ok(true) => {}
+                Ok(false) => return false,
+                Err(why) => {
+                    tracing::warn!(%why, "a mapped read's copy event failed; its pages stay pinned");
+                    g.0 = JobState::Stuck;
+                }
+            }
+        }
+        JobState::Stuck | JobState::Refused(_) | JobState::Abandoned | JobState::Revoked => {}
+    }
+    if matches!(g.0, JobState::Stuck) {
+        // Unregistering could free pages a copy still reads: keep the registration and the
+        // mapping (the job) for the process's life.
+        drop(g);
+        std::mem::forget(e.job.clone());
+        return true;
+    }
+    drop(g);
+    if e.registered {
+        unregister(&e.job);
+        e.registered = false;
+        counts.live.fetch_sub(1, Ordering::Relaxed);
+    }
+    true
+}
+
+/// Unregisters `job`'s mapping. No copy reads it: none was queued, or its event completed.
+fn unregister(job: &MappedJob) {
+    if job.ctx.bind_to_thread().is_ok() {
+        // SAFETY: the mapping was registered by `register` and not unregistered since; no
+        // queued copy reads it (the caller's precondition).
+        let _ = unsafe { sys::cuMemHostUnregister(job.map.addr) };
+    }
+}
