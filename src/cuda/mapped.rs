@@ -147,12 +147,14 @@ impl MappedJob {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sets the state and wakes the future waiting on it.
-    fn settle(guard: &mut MutexGuard<'_, (JobState, Option<Waker>)>, to: JobState) {
+    /// Sets the state and takes the waker of the future waiting on it, to wake once the lock
+    /// is released (a waker may run code of the runtime's that should not wait on this lock).
+    fn settle(
+        guard: &mut MutexGuard<'_, (JobState, Option<Waker>)>,
+        to: JobState,
+    ) -> Option<Waker> {
         guard.0 = to;
-        if let Some(w) = guard.1.take() {
-            w.wake();
-        }
+        guard.1.take()
     }
 }
 
@@ -326,18 +328,21 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
         Err(e) => e.0,
     };
     let mut g = job.lock();
-    if rc != sys::CUresult::CUDA_SUCCESS {
+    let to = if rc == sys::CUresult::CUDA_SUCCESS {
+        e.registered = true;
+        counts.live.fetch_add(1, Ordering::Relaxed);
+        JobState::Registered
+    } else {
         counts.refused.fetch_add(1, Ordering::Relaxed);
-        let why = format!("cuMemHostRegister of a file mapping: {rc:?}");
-        if !matches!(g.0, JobState::Abandoned) {
-            MappedJob::settle(&mut g, JobState::Refused(why));
-        }
+        JobState::Refused(format!("cuMemHostRegister of a file mapping: {rc:?}"))
+    };
+    if matches!(g.0, JobState::Abandoned) {
         return;
     }
-    e.registered = true;
-    counts.live.fetch_add(1, Ordering::Relaxed);
-    if !matches!(g.0, JobState::Abandoned) {
-        MappedJob::settle(&mut g, JobState::Registered);
+    let waker = MappedJob::settle(&mut g, to);
+    drop(g);
+    if let Some(w) = waker {
+        w.wake();
     }
 }
 
@@ -345,9 +350,10 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
 /// registered, or kept for good).
 fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
     let mut g = e.job.lock();
+    let mut waker = None;
     match &g.0 {
         JobState::Queued | JobState::Registered if closing => {
-            MappedJob::settle(&mut g, JobState::Revoked);
+            waker = MappedJob::settle(&mut g, JobState::Revoked);
         }
         JobState::Queued | JobState::Registering | JobState::Registered => return false,
         JobState::Gated(gate) => {
@@ -375,6 +381,9 @@ fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
         return true;
     }
     drop(g);
+    if let Some(w) = waker {
+        w.wake();
+    }
     if e.registered {
         unregister(&e.job);
         e.registered = false;
