@@ -41,9 +41,21 @@ use super::event::EventGate;
 /// its size (docs/mapped-reads.md), against 0.5 ms of CPU copy for 2 MiB.
 pub const MAPPED_READ_MIN: usize = 2 << 20;
 
-/// How often the registrar looks at copies' events while some are pending: a 16 MiB copy
-/// takes about 300 µs.
-const GATE_POLL: Duration = Duration::from_micros(20);
+/// How soon the registrar looks at copies' events again while some are pending, at first: a
+/// 16 MiB copy takes about 300 µs. Each look that finds none complete doubles the wait, up to
+/// [`GATE_POLL_MAX`], so a copy queued behind a long kernel costs a few wake-ups a
+/// millisecond, not a core.
+const GATE_POLL_MIN: Duration = Duration::from_micros(20);
+const GATE_POLL_MAX: Duration = Duration::from_micros(640);
+
+/// Ranges registered for mapped reads in this process, every engine's.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Ranges registered for mapped reads in this process right now (every engine's): copies in
+/// flight, registrations no future has taken yet, and any kept for good after a failure.
+pub fn registrations_live() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
 
 /// A read-only shared mapping of a file range, unmapped on drop. Never dereferenced.
 pub(crate) struct FileMapping {
@@ -113,8 +125,9 @@ pub(crate) enum JobState {
     /// A copy may be queued with nothing to say when it ends: stays registered and mapped for
     /// the process's life.
     Stuck,
-    /// Registration failed (the reason): the read goes the bounce way.
-    Refused(String),
+    /// Registration failed (the reason, and whether it is the file's: no later mapping of it
+    /// would do better): the read goes the bounce way.
+    Refused(String, bool),
     /// The future went before it queued a copy.
     Abandoned,
     /// The engine closed before the future took it.
@@ -178,6 +191,8 @@ pub(crate) struct Registrar {
 pub(crate) struct RegistrarCounts {
     /// Ranges registered now.
     pub(crate) live: AtomicUsize,
+    /// Reads handed to the registrar.
+    pub(crate) submitted: AtomicU64,
     /// Reads whose copy was queued from a registration.
     pub(crate) served: AtomicU64,
     /// Registrations the driver refused.
@@ -207,7 +222,18 @@ impl Registrar {
 
     /// Hands `job` to the thread; `false` if it has gone (the read takes the bounce path).
     pub(crate) fn submit(&self, job: Arc<MappedJob>) -> bool {
-        self.tx.send(RegistrarMsg::Job(job)).is_ok()
+        let sent = self.tx.send(RegistrarMsg::Job(job)).is_ok();
+        if sent {
+            self.counts.submitted.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
+    /// Tells the thread to close (as [`close`](Self::close), without waiting for it): reads
+    /// it has not registered or whose registrations no future has taken fall back to the
+    /// engine's reactor, which is shutting down too.
+    pub(crate) fn begin_close(&self) {
+        let _ = self.tx.send(RegistrarMsg::Close);
     }
 
     /// Tells the thread a job changed state.
@@ -257,6 +283,7 @@ struct Entry {
 fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
     let mut jobs: VecDeque<Entry> = VecDeque::new();
     let mut closing = false;
+    let mut gate_poll = GATE_POLL_MIN;
     loop {
         let (mut queued, mut gated) = (false, false);
         for e in &jobs {
@@ -273,9 +300,12 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
                 Err(TryRecvError::Disconnected) => Some(RegistrarMsg::Close),
             }
         } else if gated {
-            match rx.recv_timeout(GATE_POLL) {
+            match rx.recv_timeout(gate_poll) {
                 Ok(m) => Some(m),
-                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Timeout) => {
+                    gate_poll = (gate_poll * 2).min(GATE_POLL_MAX);
+                    None
+                }
                 Err(RecvTimeoutError::Disconnected) => Some(RegistrarMsg::Close),
             }
         } else {
@@ -301,7 +331,11 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
                 register(e, counts);
             }
         }
+        let before = jobs.len();
         jobs.retain_mut(|e| !settle(e, closing, counts));
+        if jobs.len() < before {
+            gate_poll = GATE_POLL_MIN;
+        }
         if closing && jobs.is_empty() {
             return;
         }
@@ -331,10 +365,24 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
     let to = if rc == sys::CUresult::CUDA_SUCCESS {
         e.registered = true;
         counts.live.fetch_add(1, Ordering::Relaxed);
+        LIVE.fetch_add(1, Ordering::Relaxed);
         JobState::Registered
     } else {
         counts.refused.fetch_add(1, Ordering::Relaxed);
-        JobState::Refused(format!("cuMemHostRegister of a file mapping: {rc:?}"))
+        // Out of pinnable memory, or a context that could not be bound, says nothing about
+        // the file; other refusals (the filesystem's pages cannot be pinned, the range
+        // vanished under a truncate) would recur.
+        let transient = matches!(
+            rc,
+            sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY
+                | sys::CUresult::CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+                | sys::CUresult::CUDA_ERROR_INVALID_CONTEXT
+                | sys::CUresult::CUDA_ERROR_CONTEXT_IS_DESTROYED
+        );
+        JobState::Refused(
+            format!("cuMemHostRegister of a file mapping: {rc:?}"),
+            !transient,
+        )
     };
     if matches!(g.0, JobState::Abandoned) {
         return;
@@ -371,32 +419,36 @@ fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
                 }
             }
         }
-        JobState::Stuck | JobState::Refused(_) | JobState::Abandoned | JobState::Revoked => {}
+        JobState::Stuck | JobState::Refused(..) | JobState::Abandoned | JobState::Revoked => {}
     }
-    if matches!(g.0, JobState::Stuck) {
-        // Unregistering could free pages a copy still reads: keep the registration and the
-        // mapping (the job) for the process's life.
-        drop(g);
-        std::mem::forget(e.job.clone());
-        return true;
-    }
+    let stuck = matches!(g.0, JobState::Stuck);
     drop(g);
     if let Some(w) = waker {
         w.wake();
     }
+    if e.registered && (stuck || !unregister(&e.job)) {
+        // A copy may still read the pages, or the driver still has them registered: keep the
+        // registration and the mapping (the job) for the process's life, rather than unmap
+        // what the driver may still use.
+        std::mem::forget(e.job.clone());
+        return true;
+    }
     if e.registered {
-        unregister(&e.job);
         e.registered = false;
         counts.live.fetch_sub(1, Ordering::Relaxed);
+        LIVE.fetch_sub(1, Ordering::Relaxed);
     }
     true
 }
 
-/// Unregisters `job`'s mapping. No copy reads it: none was queued, or its event completed.
-fn unregister(job: &MappedJob) {
-    if job.ctx.bind_to_thread().is_ok() {
-        // SAFETY: the mapping was registered by `register` and not unregistered since; no
-        // queued copy reads it (the caller's precondition).
-        let _ = unsafe { sys::cuMemHostUnregister(job.map.addr) };
+/// Unregisters `job`'s mapping; `false` if the driver did not. No copy reads it: none was
+/// queued, or its event completed.
+fn unregister(job: &MappedJob) -> bool {
+    if job.ctx.bind_to_thread().is_err() {
+        return false;
     }
+    // SAFETY: the mapping was registered by `register` and not unregistered since; no queued
+    // copy reads it (the caller's precondition).
+    let rc = unsafe { sys::cuMemHostUnregister(job.map.addr) };
+    rc == sys::CUresult::CUDA_SUCCESS
 }

@@ -107,6 +107,10 @@ pub(crate) mod xfer;
 pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use device::{DeviceDst, DeviceSrc, Pod};
+/// Ranges registered for mapped reads in this process now (every engine's). For tests.
+#[cfg(feature = "cuda")]
+#[doc(hidden)]
+pub use mapped::registrations_live as mapped_registrations_live;
 
 /// Looks for the CUDA driver library and asks it for its version and devices.
 pub fn probe() -> CudaProbe {

@@ -245,13 +245,27 @@ impl Engine {
         0
     }
 
-    /// Page-cache ranges registered with the driver for mapped reads right now: copies in
-    /// flight, plus registrations whose futures have not taken them yet. For tests.
+    /// Page-cache ranges registered with the driver for this engine's mapped reads right now:
+    /// copies in flight, plus registrations whose futures have not taken them yet. For tests.
     #[doc(hidden)]
     pub fn mapped_registrations_live(&self) -> usize {
         #[cfg(feature = "cuda")]
         if let Some(r) = self.inner.shared.started_registrar() {
             return r.counts().live.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        0
+    }
+
+    /// Reads handed to this engine's registrar for mapped reads so far (served or not). For
+    /// tests.
+    #[doc(hidden)]
+    pub fn mapped_reads_submitted(&self) -> u64 {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.inner.shared.started_registrar() {
+            return r
+                .counts()
+                .submitted
+                .load(std::sync::atomic::Ordering::Relaxed);
         }
         0
     }
@@ -307,6 +321,10 @@ impl Engine {
     /// are cancelled and drained, then the ring and the bounce pool are released. Resolves when
     /// that is done.
     pub async fn shutdown(&self) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(r) = self.inner.shared.started_registrar() {
+            r.begin_close();
+        }
         let fut = OpFuture::with_message(
             self.inner.shared.clone(),
             OpKind::Shutdown,

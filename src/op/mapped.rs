@@ -106,10 +106,12 @@ impl MappedRead {
                 return Poll::Pending;
             }
             JobState::Registered => {}
-            JobState::Refused(why) => {
-                tracing::debug!(%why, path = %target.path.display(),
-                    "mapped read refused; this file's reads take the bounce path");
-                target.mapped_refused.store(true, Ordering::Relaxed);
+            JobState::Refused(why, for_good) => {
+                tracing::debug!(%why, for_good, path = %target.path.display(),
+                    "mapped read refused; it takes the bounce path");
+                if *for_good {
+                    target.mapped_refused.store(true, Ordering::Relaxed);
+                }
                 return Poll::Ready(MappedOutcome::Fallback);
             }
             JobState::Revoked => return Poll::Ready(MappedOutcome::Fallback),
@@ -154,6 +156,16 @@ impl MappedRead {
         // cudarc's write event, behind the copy, before the caller can act again.
         drop(write_guard);
         let queued = EVENT_POOL.record(&stream);
+        // A capture another thread began on the stream since the check above would have
+        // captured the copy or the event instead of running it: then the event says nothing
+        // about when the pages are free, and the read did not happen.
+        // SAFETY: `stream` is a live stream of the context bound above.
+        let captured = !matches!(unsafe { is_capturing(stream.cu_stream()) }, Ok(false));
+        let queued = match queued {
+            Ok(_) if captured => Err(None),
+            Ok(ev) => Ok(ev),
+            Err(e) => Err(Some(e)),
+        };
         let ordered = match &queued {
             Ok(ev) => order_after(&stream, &own, Some(ev)),
             Err(_) => Ok(()),
@@ -183,7 +195,11 @@ impl MappedRead {
             Err(e) => {
                 // Whether a copy is queued cannot be known, nor when it ends.
                 g.0 = JobState::Stuck;
-                Err(fail(format!("recording the copy's event: {e}")))
+                Err(fail(match e {
+                    Some(e) => format!("recording the copy's event: {e}"),
+                    None => "the stream began a graph capture while the read queued its copy"
+                        .to_string(),
+                }))
             }
         };
         drop(g);
