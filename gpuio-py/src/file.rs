@@ -40,7 +40,7 @@ impl Engine {
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         page_cache_copies = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
-        reactor_spin = None, reactor_tick = None, residency_aware = true))]
+        reactor_spin = None, reactor_tick = None, residency_aware = true, mapped_reads = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -61,6 +61,7 @@ impl Engine {
         reactor_spin: Option<f64>,
         reactor_tick: Option<f64>,
         residency_aware: bool,
+        mapped_reads: bool,
     ) -> PyResult<Self> {
         let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
         let buffered_chunk_size: Option<usize> =
@@ -81,7 +82,8 @@ impl Engine {
             .backend(backend)
             .spdk_memory(spdk_memory)
             .cufile_compat(cufile_compat)
-            .residency_aware(residency_aware);
+            .residency_aware(residency_aware)
+            .mapped_reads(mapped_reads);
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }
@@ -185,6 +187,12 @@ impl Engine {
     #[getter]
     fn queue_depth(&self) -> usize {
         self.inner.queue_depth()
+    }
+
+    /// Reads into device memory so far copied straight from the page cache (``mapped_reads``).
+    #[getter]
+    fn mapped_reads(&self) -> u64 {
+        self.inner.mapped_reads()
     }
 
     /// Stops the reactor: operations in flight are cancelled and drained; later ones fail

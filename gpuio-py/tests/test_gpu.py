@@ -91,6 +91,30 @@ def test_read_on_a_given_stream(torch, engine, data_file):
     assert n == t.numel() and total.item() == host_sum(data[1000:])
 
 
+def test_mapped_reads_on_the_tensors_stream(torch, data_file):
+    # A warm 9 MiB read copied straight from the page cache, queued on the tensor's stream
+    # behind earlier work there, and a kernel right after it.
+    path, data = data_file
+    with open(path, "rb") as f:
+        assert f.read() == data  # warm
+    with gpuio.Engine(mapped_reads=True) as e:
+        f = e.open(path)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            t = torch.empty(len(data) - 5, dtype=torch.uint8, device="cuda")
+            torch.cuda._sleep(50_000_000)
+            t.zero_()
+            n = f.read_into(t, 5)
+            total = t.to(torch.int64).sum()
+        s.synchronize()
+        assert n == len(data) - 5
+        assert e.mapped_reads == 1, "the warm read was not mapped"
+        assert total.item() == host_sum(data[5:])
+        assert t.cpu().numpy().tobytes() == data[5:]
+    with gpuio.Engine() as e:
+        assert e.mapped_reads == 0
+
+
 def test_dlpack_paths(torch, engine, data_file):
     path, data = data_file
     f = engine.open(path)
