@@ -211,15 +211,20 @@ impl File {
             }
         };
         // A small read of a buffered file may be served from the page cache at first poll
-        // (`op::cached`); the op is built only if it is not.
+        // (`op::cached`), and a large one into device memory may be handed to the mapped
+        // reads' registrar then (`op::mapped`); the op is built only if neither happens.
         let t = &self.inner;
-        let cached = len > 0
-            && len <= crate::op::cached::CACHED_READ_MAX
-            && self.engine.shared().policy.cached_fast_path
-            && t.nvme.is_none()
-            && t.dio.is_none()
-            && t.fd.is_some();
-        if cached {
+        let policy = &self.engine.shared().policy;
+        let buffered = t.nvme.is_none() && t.dio.is_none() && t.fd.is_some();
+        let cached =
+            len > 0 && len <= crate::op::cached::CACHED_READ_MAX && policy.cached_fast_path;
+        #[cfg(feature = "cuda")]
+        let mapped = policy.mapped_reads
+            && len >= crate::cuda::mapped::MAPPED_READ_MIN
+            && matches!(transfer, Either::Device(_));
+        #[cfg(not(feature = "cuda"))]
+        let mapped = false;
+        if buffered && (cached || mapped) {
             ReadInto::first_poll(self, offset, transfer)
         } else {
             ReadInto::op(self.start_read(offset, transfer))

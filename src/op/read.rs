@@ -203,6 +203,10 @@ impl FirstPoll<'_> {
             #[cfg(not(feature = "cuda"))]
             Either::Device(_) => return None,
         };
+        // A large read gets here only to be offered to the mapped reads (`op::mapped`).
+        if len > super::cached::CACHED_READ_MAX || !engine.policy.cached_fast_path {
+            return None;
+        }
         // An invalid request gets its error from the op; and with a write of this file
         // unfinished the reactor's range fence must order the read after overlapping write
         // pieces in the kernel, which this read would not wait for.
