@@ -78,6 +78,10 @@ pub(crate) fn try_start(
         return None;
     }
     let registrar = engine.registrar()?;
+    // Past the queue's limit the read takes the bounce path beside the mapped ones.
+    if registrar.counts().waiting.load(Ordering::Relaxed) >= engine.policy.mapped_queue {
+        return None;
+    }
     let (map, in_page) = FileMapping::new(fd, d.offset, len).ok()?;
     let job = MappedJob::new(stream.context().clone(), map);
     if !registrar.submit(job.clone()) {
