@@ -70,10 +70,15 @@ unsafe impl Send for FileMapping {}
 unsafe impl Sync for FileMapping {}
 
 impl FileMapping {
-    /// Maps the pages of the file behind `fd` that hold bytes `[pos, pos + len)`; returns the
-    /// mapping and where byte `pos` sits in it. Nothing is faulted in.
-    pub(crate) fn new(fd: BorrowedFd<'_>, pos: u64, len: usize) -> std::io::Result<(Self, usize)> {
-        let page = crate::plan::residency::page_size();
+    /// Maps the pages (of `page` bytes) of the file behind `fd` that hold bytes
+    /// `[pos, pos + len)`; returns the mapping and where byte `pos` sits in it. Nothing is
+    /// faulted in.
+    pub(crate) fn new(
+        fd: BorrowedFd<'_>,
+        pos: u64,
+        len: usize,
+        page: u64,
+    ) -> std::io::Result<(Self, usize)> {
         let start = pos - pos % page;
         let in_page = (pos - start) as usize;
         let map_len = (in_page + len).next_multiple_of(page as usize);
@@ -97,10 +102,6 @@ impl FileMapping {
         Ok((FileMapping { addr, len: map_len }, in_page))
     }
 
-    /// The mapping's first byte, as the driver takes it.
-    pub(crate) fn addr(&self) -> u64 {
-        self.addr as u64
-    }
 }
 
 impl Drop for FileMapping {
@@ -150,9 +151,34 @@ impl MappedJob {
         })
     }
 
-    /// The mapping's first byte.
-    pub(crate) fn addr(&self) -> u64 {
-        self.map.addr()
+    /// Queues on `stream` a copy of `len` bytes of the mapping, from byte `at`, into device
+    /// memory at `dst`. `Err`: the range lies outside the mapping, or the driver's error.
+    ///
+    /// # Safety
+    /// The job must be registered and stay so until the copy has completed: the caller holds
+    /// its lock with the state `Registered` and leaves it gated behind an event recorded after
+    /// this call. `[dst, dst + len)` must be device memory writable in `stream`'s order, and
+    /// `stream` a live stream of the context current on this thread.
+    pub(crate) unsafe fn queue_copy(
+        &self,
+        dst: sys::CUdeviceptr,
+        at: usize,
+        len: usize,
+        stream: sys::CUstream,
+    ) -> Result<(), sys::CUresult> {
+        if at.checked_add(len).is_none_or(|end| end > self.map.len) {
+            return Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the source lies inside the mapping (checked above), registered and kept so
+        // until the copy completes (the caller's promise); the destination and stream are the
+        // caller's promise too. The CPU does not read the source.
+        let rc = unsafe {
+            sys::cuMemcpyHtoDAsync_v2(dst, self.map.addr.cast::<u8>().add(at).cast(), len, stream)
+        };
+        match rc {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(e),
+        }
     }
 
     /// The job's state and waker, locked.

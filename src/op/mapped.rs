@@ -9,8 +9,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::task::{Context as TaskContext, Poll};
 
-use cudarc::driver::sys;
-
 use super::device::DeviceCopyOut;
 use super::engine_shared::EngineShared;
 use crate::cuda::event::{EVENT_POOL, EventGate};
@@ -82,7 +80,8 @@ pub(crate) fn try_start(
     if registrar.counts().waiting.load(Ordering::Relaxed) >= engine.policy.mapped_queue {
         return None;
     }
-    let (map, in_page) = FileMapping::new(fd, d.offset, len).ok()?;
+    let page = crate::plan::residency::page_size();
+    let (map, in_page) = FileMapping::new(fd, d.offset, len, page).ok()?;
     let job = MappedJob::new(stream.context().clone(), map);
     if !registrar.submit(job.clone()) {
         return None;
@@ -143,19 +142,13 @@ impl MappedRead {
         }
         let len = d.dst.byte_len();
         let (dptr, write_guard) = d.dst.write_ptr(&stream);
-        // SAFETY: the source is `len` bytes of the job's mapping from `in_page` (the mapping
-        // covers them: `FileMapping::new`), registered read-only and kept registered and
-        // mapped until the event recorded below has completed (the job is `Registered`, and
-        // the lock held here keeps the registrar from revoking it before it is `Gated`); the
+        // SAFETY: the job is `Registered` and this lock keeps the registrar from revoking it
+        // before it leaves `Gated` behind the event recorded below (or kept for good); the
         // destination [dptr, dptr + len) is the whole device buffer, whose pointer cudarc
-        // gave us for writing on `stream`, a live stream of the bound context.
+        // gave us for writing on `stream`, a live stream of the context bound above.
         let rc = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(
-                dptr,
-                (self.job.addr() + self.in_page as u64) as *const std::ffi::c_void,
-                len,
-                stream.cu_stream(),
-            )
+            self.job
+                .queue_copy(dptr, self.in_page, len, stream.cu_stream())
         };
         // cudarc's write event, behind the copy, before the caller can act again.
         drop(write_guard);
@@ -187,11 +180,11 @@ impl MappedRead {
             Ok(ev) => {
                 g.0 = JobState::Gated(EventGate::new(ev));
                 match (rc, ordered) {
-                    (sys::CUresult::CUDA_SUCCESS, Ok(())) => Ok(len),
-                    (sys::CUresult::CUDA_SUCCESS, Err(e)) => Err(fail(format!(
+                    (Ok(()), Ok(())) => Ok(len),
+                    (Ok(()), Err(e)) => Err(fail(format!(
                         "ordering the memory's stream after the copy: {e}"
                     ))),
-                    (rc, _) => Err(fail(format!(
+                    (Err(rc), _) => Err(fail(format!(
                         "copying a registered page-cache range into device memory: {rc:?}"
                     ))),
                 }
