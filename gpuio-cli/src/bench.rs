@@ -336,7 +336,6 @@ async fn measure(
         .bounce_slots(slots)
         .page_cache_fast_path(!a.no_fast_path)
         .mapped_reads(a.mapped_reads)
-        .mapped_read_queue(a.mapped_queue.unwrap_or(usize::MAX))
         .async_copy_threshold(if a.inline_copies {
             None
         } else {

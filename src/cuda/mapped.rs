@@ -101,7 +101,6 @@ impl FileMapping {
         }
         Ok((FileMapping { addr, len: map_len }, in_page))
     }
-
 }
 
 impl Drop for FileMapping {
@@ -219,8 +218,6 @@ pub(crate) struct RegistrarCounts {
     pub(crate) live: AtomicUsize,
     /// Reads handed to the registrar.
     pub(crate) submitted: AtomicU64,
-    /// Reads handed to the registrar that it has not begun to register (nor dropped).
-    pub(crate) waiting: AtomicUsize,
     /// Reads whose copy was queued from a registration.
     pub(crate) served: AtomicU64,
     /// Registrations the driver refused.
@@ -250,12 +247,9 @@ impl Registrar {
 
     /// Hands `job` to the thread; `false` if it has gone (the read takes the bounce path).
     pub(crate) fn submit(&self, job: Arc<MappedJob>) -> bool {
-        self.counts.waiting.fetch_add(1, Ordering::Relaxed);
         let sent = self.tx.send(RegistrarMsg::Job(job)).is_ok();
         if sent {
             self.counts.submitted.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.counts.waiting.fetch_sub(1, Ordering::Relaxed);
         }
         sent
     }
@@ -306,8 +300,6 @@ impl Drop for Registrar {
 /// One job as the registrar holds it.
 struct Entry {
     job: Arc<MappedJob>,
-    /// Taken out of the queue: registration began (counted out of `waiting`).
-    started: bool,
     registered: bool,
 }
 
@@ -349,7 +341,6 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
             match m {
                 RegistrarMsg::Job(job) => jobs.push_back(Entry {
                     job,
-                    started: false,
                     registered: false,
                 }),
                 RegistrarMsg::Poke => {}
@@ -386,8 +377,6 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
         }
         g.0 = JobState::Registering;
     }
-    e.started = true;
-    counts.waiting.fetch_sub(1, Ordering::Relaxed);
     let rc = match job.ctx.bind_to_thread() {
         // SAFETY: the range is the job's own live mapping, which the job (held here) keeps
         // mapped until after it is unregistered; read-only registration matches its
@@ -459,10 +448,6 @@ fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
     }
     let stuck = matches!(g.0, JobState::Stuck);
     drop(g);
-    if !e.started {
-        e.started = true;
-        counts.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
     if let Some(w) = waker {
         w.wake();
     }

@@ -46,7 +46,6 @@ pub struct EngineBuilder {
     residency_aware: bool,
     cached_fast_path: bool,
     mapped_reads: bool,
-    mapped_queue: usize,
     spdk_memory: bool,
     cufile_compat: bool,
     reactor_spin: std::time::Duration,
@@ -75,7 +74,6 @@ impl Default for EngineBuilder {
             residency_aware: true,
             cached_fast_path: true,
             mapped_reads: false,
-            mapped_queue: usize::MAX,
             spdk_memory: false,
             cufile_compat: false,
             reactor_spin: std::time::Duration::ZERO,
@@ -317,14 +315,6 @@ impl EngineBuilder {
         self
     }
 
-    /// With [`mapped_reads`](Self::mapped_reads): at most `n` reads wait for the registrar
-    /// (default: no limit); a read that would be one more takes the bounce path, so the two
-    /// paths run side by side (`n` = 0: none is mapped).
-    pub fn mapped_read_queue(mut self, n: usize) -> Self {
-        self.mapped_queue = n;
-        self
-    }
-
     /// Whether large reads of buffered files ask the page cache what it holds first (default
     /// on): ranges it mostly lacks are read with O_DIRECT through a second descriptor, at the
     /// disk's direct rate, and ranges it holds are copied from it, so a cold file loads at
@@ -467,7 +457,6 @@ impl EngineBuilder {
         let policy = OpPolicy {
             cached_fast_path: self.cached_fast_path,
             mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
-            mapped_queue: self.mapped_queue,
         };
         let reactor = ReactorHandle::new(tx, doorbell.clone());
         let shared = Arc::new(EngineShared::new(reactor, arena.clone(), policy));

@@ -20,9 +20,6 @@ pub(crate) struct OpPolicy {
     /// mappings (`op::mapped`); off, they take the bounce path.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) mapped_reads: bool,
-    /// At most this many mapped reads wait for registration; more take the bounce path.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(crate) mapped_queue: usize,
 }
 
 impl Default for OpPolicy {
@@ -30,7 +27,6 @@ impl Default for OpPolicy {
         OpPolicy {
             cached_fast_path: true,
             mapped_reads: false,
-            mapped_queue: usize::MAX,
         }
     }
 }

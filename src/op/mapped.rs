@@ -76,10 +76,6 @@ pub(crate) fn try_start(
         return None;
     }
     let registrar = engine.registrar()?;
-    // Past the queue's limit the read takes the bounce path beside the mapped ones.
-    if registrar.counts().waiting.load(Ordering::Relaxed) >= engine.policy.mapped_queue {
-        return None;
-    }
     let page = crate::plan::residency::page_size();
     let (map, in_page) = FileMapping::new(fd, d.offset, len, page).ok()?;
     let job = MappedJob::new(stream.context().clone(), map);

@@ -236,10 +236,6 @@ pub struct BenchArgs {
     /// copy: the range mapped and registered with the driver (`EngineBuilder::mapped_reads`).
     #[arg(long)]
     pub(crate) mapped_reads: bool,
-    /// With `--mapped-reads`: at most N reads wait for registration, more take the bounce
-    /// path beside them (`EngineBuilder::mapped_read_queue`).
-    #[arg(long, value_name = "N")]
-    pub(crate) mapped_queue: Option<usize>,
     /// Every task's device buffer on one CUDA stream per GPU (as under a framework's current
     /// stream) instead of a stream per task.
     #[arg(long)]
