@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use gpuio::Engine;
+use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 
 const MIB: usize = 1 << 20;
@@ -334,6 +335,56 @@ async fn many_mapped_reads_at_once_match() {
     }
     assert_eq!(engine.mapped_reads(), 16);
     assert_eq!(live_settles(&engine, 0), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn large_reads_in_pieces_and_batch_runs_are_mapped() {
+    let _turn = turn();
+    let Some(ctx) = gpu("large_reads_in_pieces_and_batch_runs_are_mapped") else {
+        return;
+    };
+    let dir = tmpdir();
+    const LEN: usize = 200 * MIB + 777;
+    let (path, data) = warm_file(dir.path(), LEN);
+    let engine = mapped_engine();
+    let f = engine.open(&path).unwrap();
+    let stream = ctx.new_stream().unwrap();
+
+    // One read of three registrations (64 + 64 + 22 MiB and a bit), from an odd offset.
+    let (off, len) = (4097u64, 150 * MIB + 3);
+    let mut dst = filled(&stream, len);
+    assert_eq!(within(f.read_into(&mut dst, off)).await.unwrap(), len);
+    assert_eq!(engine.mapped_reads(), 1);
+    assert_eq!(engine.mapped_reads_submitted(), 3, "not registered in three pieces");
+    let got = stream.clone_dtoh(&dst).unwrap();
+    assert_eq!(differing(&got, &data[off as usize..off as usize + len]), 0);
+
+    // A batch: two runs large enough to map (one of two pieces), small ones through the
+    // batch's combined copies, into one buffer.
+    let descs = vec![
+        ReadDesc::new(&f, 0, 3 * MIB, 0),
+        ReadDesc::new(&f, 10 * MIB as u64 + 1, 4096, 3 * MIB),
+        ReadDesc::new(&f, 20 * MIB as u64 + 5, 70 * MIB, 3 * MIB + 4096),
+        ReadDesc::new(&f, (LEN - 100) as u64, 100, 73 * MIB + 4096),
+    ];
+    let total = 73 * MIB + 4096 + 100;
+    let mut buf = filled(&stream, total);
+    let done = within(BatchPlan::new(descs.clone()).read_into(&mut buf))
+        .await
+        .exact(&descs);
+    assert!(done.is_ok(), "{done:?}");
+    assert_eq!(engine.mapped_reads(), 3, "the batch's large runs were not mapped");
+    let got = stream.clone_dtoh(&buf).unwrap();
+    for d in &descs {
+        let want = &data[d.offset as usize..d.offset as usize + d.len];
+        assert_eq!(
+            differing(&got[d.dst_offset..d.dst_offset + d.len], want),
+            0,
+            "batch read at {}",
+            d.offset
+        );
+    }
+    assert_eq!(live_settles(&engine, 0), 0, "registrations outlived their copies");
 }
 
 #[test]

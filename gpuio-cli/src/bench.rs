@@ -595,7 +595,7 @@ async fn measure(
 
 /// User + system CPU seconds of this whole process so far (`getrusage(RUSAGE_SELF)`: the
 /// reactor, the runtime's workers and io_uring's worker threads, which belong to the process).
-fn process_cpu_seconds() -> f64 {
+pub(crate) fn process_cpu_seconds() -> f64 {
     // SAFETY: plain output struct.
     let mut u: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `u` is valid for writes; RUSAGE_SELF needs nothing else.

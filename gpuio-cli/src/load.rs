@@ -50,6 +50,10 @@ pub struct LoadArgs {
     /// Loads in a row in one process (each timed).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Runs of 2 MiB or more that the page cache holds copied straight from it into GPU
+    /// memory, without a CPU copy (`EngineBuilder::mapped_reads`).
+    #[arg(long)]
+    mapped_reads: bool,
 }
 
 pub async fn run(a: LoadArgs) -> CliResult {
@@ -72,7 +76,7 @@ pub async fn run(a: LoadArgs) -> CliResult {
         (None, Some(n)) => Some((n, replicate_rule as Rule, "replicas")),
         (None, None) => None,
     };
-    let engine = Engine::new()?;
+    let engine = Engine::builder().mapped_reads(a.mapped_reads).build()?;
     let t = Instant::now();
     let mut model = SafetensorsModel::open(&engine, &a.path).await?;
     let show_progress = !a.no_progress && (a.progress || std::io::stderr().is_terminal());
@@ -107,7 +111,8 @@ pub async fn run(a: LoadArgs) -> CliResult {
             model.set_progress(Some(p.clone()));
             ProgressBar::start(p)
         });
-        let t = Instant::now();
+        let (t, cpu0) = (Instant::now(), crate::bench::process_cpu_seconds());
+        let mapped0 = engine.mapped_reads();
         let loaded = match ranks {
             None => load_whole(&model, &streams, a.verify).await,
             Some((n, rule, _)) => {
@@ -115,21 +120,30 @@ pub async fn run(a: LoadArgs) -> CliResult {
             }
         };
         let secs = t.elapsed().as_secs_f64();
+        let cpu = crate::bench::process_cpu_seconds() - cpu0;
         // The bar stops (and clears its line) before anything else is printed, error or not.
         drop(bar);
         model.set_progress(None);
         let checked = loaded?;
         outln!(
-            "load {round}: {} in {secs:.3} s = {:.2} GB/s into {}{} via {path}{}",
+            "load {round}: {} in {secs:.3} s = {:.2} GB/s into {}{} via {path}{}{}; CPU {:.2} \
+             cores ({:.3} CPU s/GB)",
             fmt_bytes(bytes),
             bytes as f64 / secs / 1e9,
             a.to,
             ranks.map_or(String::new(), |(n, _, what)| format!(" ({n} {what})")),
+            if a.mapped_reads {
+                format!(", {} runs mapped", engine.mapped_reads() - mapped0)
+            } else {
+                String::new()
+            },
             if a.verify {
                 format!("; verified {checked} tensors")
             } else {
                 String::new()
-            }
+            },
+            cpu / secs.max(1e-9),
+            cpu / (bytes as f64 / 1e9).max(1e-9),
         )?;
         if let (Some(before), Some(peak)) = (rss_before, rss_kib("VmHWM:")) {
             // With --verify the host copies and file reads count too.

@@ -154,15 +154,6 @@ fn unhex(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-fn cpu_seconds() -> f64 {
-    // SAFETY: `ru` is a valid out-pointer for getrusage.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(ru.ru_utime) + t(ru.ru_stime)
-}
-
 pub async fn run(a: XferArgs) -> CliResult {
     if a.serve {
         return serve(&a);
@@ -264,7 +255,7 @@ async fn transfers(
     let mut rounds = Vec::new();
     let mut hist = hdrhistogram::Histogram::<u64>::new(3)?;
     for round in 0..=a.rounds {
-        let cpu0 = cpu_seconds();
+        let cpu0 = crate::bench::process_cpu_seconds();
         let t = Instant::now();
         for _ in 0..a.iters {
             let t1 = Instant::now();
@@ -275,7 +266,7 @@ async fn transfers(
         }
         let secs = t.elapsed().as_secs_f64();
         if round > 0 {
-            rounds.push((secs, cpu_seconds() - cpu0));
+            rounds.push((secs, crate::bench::process_cpu_seconds() - cpu0));
         }
     }
     rounds.sort_by(|x, y| x.0.total_cmp(&y.0));

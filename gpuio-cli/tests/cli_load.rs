@@ -60,6 +60,16 @@ fn load_reads_a_model_directory_and_verifies_it() {
     );
     assert!(r.stdout.contains("verified 4 tensors"), "{r:?}");
     assert!(r.stdout.contains("host memory: peak resident"), "{r:?}");
+    assert!(r.stdout.contains(" cores ("), "no CPU figure: {r:?}");
+    // Mapped reads on: into host memory nothing is mapped, and the load is the same.
+    let r = run(gpuio()
+        .args(["load", "--to", "host", "--verify", "--mapped-reads"])
+        .arg(dir.path()));
+    assert!(r.ok(), "{r:?}");
+    assert!(
+        r.stdout.contains("verified 4 tensors") && r.stdout.contains(", 0 runs mapped"),
+        "{r:?}"
+    );
     // Tensor-parallel over the shards: "a" and "bb" split (rows divide by 2), the rest
     // replicated.
     let r = run(gpuio()

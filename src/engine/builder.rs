@@ -306,8 +306,9 @@ impl EngineBuilder {
     /// of the bounce path, at a rate the driver caps, because it serializes registration
     /// within a process (14–19 GB/s into one GPU on the hosts measured, against 41–50 GB/s
     /// through the bounce path on 12 cores). For services that load while they serve and
-    /// want the cores more than the last GB/s. Reads that do not qualify (cold, partly cached,
-    /// past the end of the file, O_DIRECT, a batch's, a stream capturing a graph) and files
+    /// want the cores more than the last GB/s. A batch's runs (and so safetensors loads) of
+    /// 2 MiB or more qualify as lone reads do. Reads that do not qualify (cold, partly cached,
+    /// past the end of the file, O_DIRECT, a stream capturing a graph) and files
     /// whose mappings the driver refuses take the bounce path. Needs the `cuda` feature; does
     /// nothing without it.
     pub fn mapped_reads(mut self, on: bool) -> Self {

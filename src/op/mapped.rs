@@ -1,9 +1,9 @@
 //! Reads into device memory straight from the page cache, without a CPU copy (opt-in,
 //! [`EngineBuilder::mapped_reads`](crate::EngineBuilder::mapped_reads)): the future maps the
-//! read's range, the engine's registrar (`cuda::mapped`) registers the mapping, and the
-//! future's own `poll` queues one copy from it on the destination's stream and hands the
-//! registration back behind that copy's event. A read that does not qualify, or whose
-//! registration the driver refuses, goes the bounce way as any other.
+//! read's range in pieces, the engine's registrar (`cuda::mapped`) registers each mapping,
+//! and the future's own `poll` queues one copy per registered piece on the destination's
+//! stream and hands the registration back behind that copy's event. A read that does not
+//! qualify, or any of whose registrations the driver refuses, goes the bounce way as any other.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -17,27 +17,46 @@ use crate::cuda::memops::{is_capturing, order_after};
 use crate::error::{Context, Error, OpKind};
 use crate::target::Target;
 
-/// A read handed to the registrar, from its first poll until its copy is queued.
-pub(crate) struct MappedRead {
+/// The most bytes one registration covers. A larger read is registered in pieces, so the
+/// registrar registers the next piece while the copy engine reads the last; and registration
+/// costs grow with size (docs/mapped-reads.md: 64 MiB took 1.6 ms to register, 2.4 ms to
+/// unregister), so one huge registration would leave the copy engine idle that long.
+pub const MAPPED_PIECE: usize = 64 << 20;
+
+/// One piece of a mapped read: its registration job and where it goes.
+struct MappedPiece {
     job: Arc<MappedJob>,
-    registrar: Arc<Registrar>,
-    /// Where the read's first byte sits in the mapping.
+    /// Where the piece's first byte sits in its mapping.
     in_page: usize,
+    /// Where the piece goes in the destination.
+    at: usize,
+    len: usize,
+    /// Its copy is queued.
+    copied: bool,
+}
+
+/// A read handed to the registrar, from its first poll until every piece's copy is queued.
+pub(crate) struct MappedRead {
+    pieces: Vec<MappedPiece>,
+    registrar: Arc<Registrar>,
 }
 
 /// How a mapped read's poll ended.
 pub(crate) enum MappedOutcome {
-    /// The copy is queued: the read's bytes.
+    /// Every copy is queued: the read's bytes.
     Done(Result<usize, Error>),
     /// Not served this way (refused, revoked, or the stream began a graph capture): the read
-    /// takes the bounce path.
+    /// takes the bounce path, all of it (copies already queued stay ahead of its own on the
+    /// same stream and carry the same bytes).
     Fallback,
 }
 
 /// Hands a read of `d`'s length at `offset` to the registrar where it qualifies: the engine
-/// has mapped reads on, the read is a lone one (not a batch's) of at least
-/// [`MAPPED_READ_MIN`] bytes into device memory of a buffered file, wholly inside the file and
-/// (by a sampled estimate) in the page cache, and its stream is not capturing a graph.
+/// has mapped reads on, the read is at least [`MAPPED_READ_MIN`] bytes into device memory of a
+/// buffered file, wholly inside the file and (by a sampled estimate) in the page cache, and its
+/// stream is not capturing a graph. A batch's run qualifies as a lone read does: its copies go
+/// on the batch buffer's own stream inside the batch's poll, before the batch records cudarc's
+/// write event.
 pub(crate) fn try_start(
     engine: &Arc<EngineShared>,
     target: &Target,
@@ -46,7 +65,6 @@ pub(crate) fn try_start(
     let len = d.dst.byte_len();
     if !engine.policy.mapped_reads
         || len < MAPPED_READ_MIN
-        || d.combine.is_some()
         || target.dio.is_some()
         || target.nvme.is_some()
         || target.mapped_refused.load(Ordering::Relaxed)
@@ -77,28 +95,73 @@ pub(crate) fn try_start(
     }
     let registrar = engine.registrar()?;
     let page = crate::plan::residency::page_size();
-    let (map, in_page) = FileMapping::new(fd, d.offset, len, page).ok()?;
-    let job = MappedJob::new(stream.context().clone(), map);
-    if !registrar.submit(job.clone()) {
-        return None;
-    }
-    Some(MappedRead {
-        job,
+    let mut read = MappedRead {
+        pieces: Vec::with_capacity(len.div_ceil(MAPPED_PIECE)),
         registrar: registrar.clone(),
-        in_page,
-    })
+    };
+    let mut at = 0;
+    while at < len {
+        let n = MAPPED_PIECE.min(len - at);
+        // A piece that cannot be mapped or handed over drops the read (and with it the
+        // pieces handed over before, which the registrar then skips or undoes).
+        let (map, in_page) = FileMapping::new(fd, d.offset + at as u64, n, page).ok()?;
+        let job = MappedJob::new(stream.context().clone(), map);
+        if !registrar.submit(job.clone()) {
+            return None;
+        }
+        read.pieces.push(MappedPiece {
+            job,
+            in_page,
+            at,
+            len: n,
+            copied: false,
+        });
+        at += n;
+    }
+    Some(read)
 }
 
 impl MappedRead {
-    /// Queues the copy once the registrar has registered the range.
+    /// Queues each piece's copy once the registrar has registered it; done when every piece's
+    /// is queued.
     pub(crate) fn poll(
         &mut self,
         d: &mut DeviceCopyOut<'_>,
         target: &Target,
         cx: &mut TaskContext<'_>,
     ) -> Poll<MappedOutcome> {
-        let registrar = &self.registrar;
-        let mut g = self.job.lock();
+        let mut waiting = false;
+        for i in 0..self.pieces.len() {
+            if self.pieces[i].copied {
+                continue;
+            }
+            match self.poll_piece(i, d, target, cx) {
+                Poll::Pending => waiting = true,
+                Poll::Ready(Ok(())) => self.pieces[i].copied = true,
+                Poll::Ready(Err(outcome)) => return Poll::Ready(outcome),
+            }
+        }
+        if waiting {
+            return Poll::Pending;
+        }
+        self.registrar
+            .counts()
+            .served
+            .fetch_add(1, Ordering::Relaxed);
+        Poll::Ready(MappedOutcome::Done(Ok(d.dst.byte_len())))
+    }
+
+    /// Queues piece `i`'s copy if it is registered. `Err`: the read ends here (an error, or
+    /// the bounce path takes it).
+    fn poll_piece(
+        &mut self,
+        i: usize,
+        d: &mut DeviceCopyOut<'_>,
+        target: &Target,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Result<(), MappedOutcome>> {
+        let piece = &self.pieces[i];
+        let mut g = piece.job.lock();
         match &g.0 {
             JobState::Queued | JobState::Registering => {
                 g.1 = Some(cx.waker().clone());
@@ -111,14 +174,14 @@ impl MappedRead {
                 if *for_good {
                     target.mapped_refused.store(true, Ordering::Relaxed);
                 }
-                return Poll::Ready(MappedOutcome::Fallback);
+                return Poll::Ready(Err(MappedOutcome::Fallback));
             }
-            JobState::Revoked => return Poll::Ready(MappedOutcome::Fallback),
+            JobState::Revoked => return Poll::Ready(Err(MappedOutcome::Fallback)),
             JobState::Gated(_) | JobState::Stuck | JobState::Abandoned => {
-                return Poll::Ready(MappedOutcome::Done(Err(Error::invalid(
+                return Poll::Ready(Err(MappedOutcome::Done(Err(Error::invalid(
                     Context::op(OpKind::Read),
                     "future polled after it completed",
-                ))));
+                )))));
             }
         }
         let stream = d.copy_stream();
@@ -133,18 +196,22 @@ impl MappedRead {
             // No copy queued: the registrar unregisters it.
             g.0 = JobState::Abandoned;
             drop(g);
-            registrar.poke();
-            return Poll::Ready(MappedOutcome::Fallback);
+            self.registrar.poke();
+            return Poll::Ready(Err(MappedOutcome::Fallback));
         }
-        let len = d.dst.byte_len();
         let (dptr, write_guard) = d.dst.write_ptr(&stream);
         // SAFETY: the job is `Registered` and this lock keeps the registrar from revoking it
         // before it leaves `Gated` behind the event recorded below (or kept for good); the
-        // destination [dptr, dptr + len) is the whole device buffer, whose pointer cudarc
-        // gave us for writing on `stream`, a live stream of the context bound above.
+        // destination [dptr + at, dptr + at + len) lies inside the device buffer (the pieces
+        // tile `[0, byte_len)`), whose pointer cudarc gave us for writing on `stream`, a live
+        // stream of the context bound above.
         let rc = unsafe {
-            self.job
-                .queue_copy(dptr, self.in_page, len, stream.cu_stream())
+            piece.job.queue_copy(
+                dptr + piece.at as u64,
+                piece.in_page,
+                piece.len,
+                stream.cu_stream(),
+            )
         };
         // cudarc's write event, behind the copy, before the caller can act again.
         drop(write_guard);
@@ -167,7 +234,7 @@ impl MappedRead {
             Error::cuda_msg(
                 Context::op(OpKind::Read)
                     .with_path(&target.path)
-                    .with_offset(d.offset)
+                    .with_offset(d.offset + piece.at as u64)
                     .with_backend("cuda"),
                 why,
             )
@@ -176,7 +243,7 @@ impl MappedRead {
             Ok(ev) => {
                 g.0 = JobState::Gated(EventGate::new(ev));
                 match (rc, ordered) {
-                    (Ok(()), Ok(())) => Ok(len),
+                    (Ok(()), Ok(())) => Ok(()),
                     (Ok(()), Err(e)) => Err(fail(format!(
                         "ordering the memory's stream after the copy: {e}"
                     ))),
@@ -196,25 +263,27 @@ impl MappedRead {
             }
         };
         drop(g);
-        registrar.poke();
-        if result.is_ok() {
-            registrar.counts().served.fetch_add(1, Ordering::Relaxed);
-        }
-        Poll::Ready(MappedOutcome::Done(result))
+        self.registrar.poke();
+        Poll::Ready(result.map_err(|e| MappedOutcome::Done(Err(e))))
     }
 }
 
 impl Drop for MappedRead {
     fn drop(&mut self) {
-        let mut g = self.job.lock();
-        if matches!(
-            g.0,
-            JobState::Queued | JobState::Registering | JobState::Registered
-        ) {
-            // No copy was queued: the registrar unregisters (or skips) it.
-            g.0 = JobState::Abandoned;
-            g.1 = None;
-            drop(g);
+        let mut poke = false;
+        for piece in &self.pieces {
+            let mut g = piece.job.lock();
+            if matches!(
+                g.0,
+                JobState::Queued | JobState::Registering | JobState::Registered
+            ) {
+                // No copy was queued from it: the registrar unregisters (or skips) it.
+                g.0 = JobState::Abandoned;
+                g.1 = None;
+                poke = true;
+            }
+        }
+        if poke {
             self.registrar.poke();
         }
     }
