@@ -355,7 +355,11 @@ async fn large_reads_in_pieces_and_batch_runs_are_mapped() {
     let mut dst = filled(&stream, len);
     assert_eq!(within(f.read_into(&mut dst, off)).await.unwrap(), len);
     assert_eq!(engine.mapped_reads(), 1);
-    assert_eq!(engine.mapped_reads_submitted(), 3, "not registered in three pieces");
+    assert_eq!(
+        engine.mapped_reads_submitted(),
+        3,
+        "not registered in three pieces"
+    );
     let got = stream.clone_dtoh(&dst).unwrap();
     assert_eq!(differing(&got, &data[off as usize..off as usize + len]), 0);
 
@@ -373,7 +377,11 @@ async fn large_reads_in_pieces_and_batch_runs_are_mapped() {
         .await
         .exact(&descs);
     assert!(done.is_ok(), "{done:?}");
-    assert_eq!(engine.mapped_reads(), 3, "the batch's large runs were not mapped");
+    assert_eq!(
+        engine.mapped_reads(),
+        3,
+        "the batch's large runs were not mapped"
+    );
     let got = stream.clone_dtoh(&buf).unwrap();
     for d in &descs {
         let want = &data[d.offset as usize..d.offset as usize + d.len];
@@ -384,7 +392,11 @@ async fn large_reads_in_pieces_and_batch_runs_are_mapped() {
             d.offset
         );
     }
-    assert_eq!(live_settles(&engine, 0), 0, "registrations outlived their copies");
+    assert_eq!(
+        live_settles(&engine, 0),
+        0,
+        "registrations outlived their copies"
+    );
 }
 
 #[test]

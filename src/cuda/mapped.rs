@@ -216,11 +216,13 @@ pub(crate) struct Registrar {
 pub(crate) struct RegistrarCounts {
     /// Ranges registered now.
     pub(crate) live: AtomicUsize,
-    /// Reads handed to the registrar.
+    /// Pieces of mapped reads handed to the registrar.
     pub(crate) submitted: AtomicU64,
+    /// The registrar's thread has taken its last job: a job still `Queued` will never move.
+    pub(crate) gone: std::sync::atomic::AtomicBool,
     /// Reads whose copy was queued from a registration.
     pub(crate) served: AtomicU64,
-    /// Registrations the driver refused.
+    /// Registrations (pieces) the driver refused.
     pub(crate) refused: AtomicU64,
 }
 
@@ -362,6 +364,20 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
             gate_poll = GATE_POLL_MIN;
         }
         if closing && jobs.is_empty() {
+            // Jobs sent from here on find the channel open until this returns: mark the
+            // registrar gone first (a future that sends after this sees it at its next look,
+            // `MappedRead::poll`), then revoke whatever is already in the channel.
+            counts.gone.store(true, Ordering::SeqCst);
+            while let Ok(m) = rx.try_recv() {
+                if let RegistrarMsg::Job(job) = m {
+                    let mut g = job.lock();
+                    let waker = MappedJob::settle(&mut g, JobState::Revoked);
+                    drop(g);
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                }
+            }
             return;
         }
     }

@@ -256,8 +256,8 @@ impl Engine {
         0
     }
 
-    /// Reads handed to this engine's registrar for mapped reads so far (served or not). For
-    /// tests.
+    /// Pieces of mapped reads (at most 64 MiB each) handed to this engine's registrar so far,
+    /// served or not. For tests.
     #[doc(hidden)]
     pub fn mapped_reads_submitted(&self) -> u64 {
         #[cfg(feature = "cuda")]

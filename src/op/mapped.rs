@@ -35,9 +35,22 @@ struct MappedPiece {
     copied: bool,
 }
 
+/// Pieces of one read handed to the registrar and not yet copied, at most. Each is registered
+/// (its page-cache pages pinned) as soon as the registrar gets to it, so this bounds what one
+/// read pins ahead of its copies (256 MiB) however large it is; a batch of runs or a
+/// checkpoint load pins at most this per run in flight.
+const MAPPED_WINDOW: usize = 4;
+
 /// A read handed to the registrar, from its first poll until every piece's copy is queued.
 pub(crate) struct MappedRead {
+    /// Pieces handed over so far, in order; copied ones stay (their jobs are the registrar's).
     pieces: Vec<MappedPiece>,
+    /// The read's bytes from here on are not handed over yet.
+    next: usize,
+    /// The read's file offset and length.
+    offset: u64,
+    len: usize,
+    ctx: Arc<cudarc::driver::CudaContext>,
     registrar: Arc<Registrar>,
 }
 
@@ -94,61 +107,89 @@ pub(crate) fn try_start(
         return None;
     }
     let registrar = engine.registrar()?;
-    let page = crate::plan::residency::page_size();
     let mut read = MappedRead {
         pieces: Vec::with_capacity(len.div_ceil(MAPPED_PIECE)),
+        next: 0,
+        offset: d.offset,
+        len,
+        ctx: stream.context().clone(),
         registrar: registrar.clone(),
     };
-    let mut at = 0;
-    while at < len {
-        let n = MAPPED_PIECE.min(len - at);
-        // A piece that cannot be mapped or handed over drops the read (and with it the
-        // pieces handed over before, which the registrar then skips or undoes).
-        let (map, in_page) = FileMapping::new(fd, d.offset + at as u64, n, page).ok()?;
-        let job = MappedJob::new(stream.context().clone(), map);
-        if !registrar.submit(job.clone()) {
-            return None;
-        }
-        read.pieces.push(MappedPiece {
-            job,
-            in_page,
-            at,
-            len: n,
-            copied: false,
-        });
-        at += n;
-    }
+    // A piece that cannot be mapped or handed over drops the read (and with it the pieces
+    // handed over before, which the registrar then skips or undoes).
+    read.top_up(target).ok()?;
     Some(read)
 }
 
 impl MappedRead {
-    /// Queues each piece's copy once the registrar has registered it; done when every piece's
-    /// is queued.
+    /// Maps and hands over the read's next pieces until [`MAPPED_WINDOW`] wait uncopied or the
+    /// read is all handed over. `Err`: a mapping failed or the registrar has gone.
+    fn top_up(&mut self, target: &Target) -> Result<(), ()> {
+        use std::os::fd::AsFd;
+        let fd = target.fd.as_ref().ok_or(())?;
+        let page = crate::plan::residency::page_size();
+        let mut uncopied = self.pieces.iter().filter(|p| !p.copied).count();
+        while uncopied < MAPPED_WINDOW && self.next < self.len {
+            let (at, n) = (self.next, MAPPED_PIECE.min(self.len - self.next));
+            let (map, in_page) =
+                FileMapping::new(fd.as_fd(), self.offset + at as u64, n, page).map_err(|_| ())?;
+            let job = MappedJob::new(self.ctx.clone(), map);
+            if !self.registrar.submit(job.clone()) {
+                return Err(());
+            }
+            self.pieces.push(MappedPiece {
+                job,
+                in_page,
+                at,
+                len: n,
+                copied: false,
+            });
+            self.next += n;
+            uncopied += 1;
+        }
+        Ok(())
+    }
+
+    /// Queues each piece's copy once the registrar has registered it, handing over more as
+    /// copies are queued; done when every piece's is queued.
     pub(crate) fn poll(
         &mut self,
         d: &mut DeviceCopyOut<'_>,
         target: &Target,
         cx: &mut TaskContext<'_>,
     ) -> Poll<MappedOutcome> {
-        let mut waiting = false;
-        for i in 0..self.pieces.len() {
-            if self.pieces[i].copied {
-                continue;
+        loop {
+            if self.top_up(target).is_err() {
+                return Poll::Ready(MappedOutcome::Fallback);
             }
-            match self.poll_piece(i, d, target, cx) {
-                Poll::Pending => waiting = true,
-                Poll::Ready(Ok(())) => self.pieces[i].copied = true,
-                Poll::Ready(Err(outcome)) => return Poll::Ready(outcome),
+            let (mut waiting, mut copied_now) = (false, false);
+            for i in 0..self.pieces.len() {
+                if self.pieces[i].copied {
+                    continue;
+                }
+                match self.poll_piece(i, d, target, cx) {
+                    Poll::Pending => waiting = true,
+                    Poll::Ready(Ok(())) => {
+                        self.pieces[i].copied = true;
+                        copied_now = true;
+                    }
+                    Poll::Ready(Err(outcome)) => return Poll::Ready(outcome),
+                }
+            }
+            let more = self.next < self.len;
+            if !waiting && !more {
+                self.registrar
+                    .counts()
+                    .served
+                    .fetch_add(1, Ordering::Relaxed);
+                return Poll::Ready(MappedOutcome::Done(Ok(self.len)));
+            }
+            // Copies queued this turn make room for more pieces: hand them over and look again
+            // (their waker is set then); otherwise wait for the registrar.
+            if !(copied_now && more) && waiting {
+                return Poll::Pending;
             }
         }
-        if waiting {
-            return Poll::Pending;
-        }
-        self.registrar
-            .counts()
-            .served
-            .fetch_add(1, Ordering::Relaxed);
-        Poll::Ready(MappedOutcome::Done(Ok(d.dst.byte_len())))
     }
 
     /// Queues piece `i`'s copy if it is registered. `Err`: the read ends here (an error, or
@@ -163,6 +204,10 @@ impl MappedRead {
         let piece = &self.pieces[i];
         let mut g = piece.job.lock();
         match &g.0 {
+            JobState::Queued if self.registrar.counts().gone.load(Ordering::SeqCst) => {
+                // Sent after the registrar took its last job: it will never move.
+                return Poll::Ready(Err(MappedOutcome::Fallback));
+            }
             JobState::Queued | JobState::Registering => {
                 g.1 = Some(cx.waker().clone());
                 return Poll::Pending;
