@@ -48,6 +48,14 @@ pub const MAPPED_READ_MIN: usize = 2 << 20;
 const GATE_POLL_MIN: Duration = Duration::from_micros(20);
 const GATE_POLL_MAX: Duration = Duration::from_micros(640);
 
+/// Registered bytes the registrar lets wait, their copies done, before it unregisters them all
+/// at once (it also does whenever it has nothing queued or copying, and at close).
+/// `cuMemHostUnregister` waits for all work the process has queued on the device (measured:
+/// 1.04 s for a 1 GiB mapped read beside a 1 s kernel on another stream, against 23 ms through
+/// the bounce path), so unregistering piece by piece would pay that wait for every 64 MiB while
+/// kernels run; in a batch the first call pays it and the rest find little new work to wait for.
+const RELEASE_BATCH: usize = 1 << 30;
+
 /// Ranges registered for mapped reads in this process, every engine's.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
@@ -311,6 +319,8 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
     let mut jobs: VecDeque<Entry> = VecDeque::new();
     let mut closing = false;
     let mut gate_poll = GATE_POLL_MIN;
+    // Registered jobs whose copies are done, to unregister together, and their bytes.
+    let (mut releasing, mut releasing_bytes) = (Vec::new(), 0usize);
     loop {
         let (mut queued, mut gated) = (false, false);
         for e in &jobs {
@@ -359,9 +369,27 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
             }
         }
         let before = jobs.len();
-        jobs.retain_mut(|e| !settle(e, closing, counts));
+        jobs.retain_mut(|e| match settle(e, closing) {
+            Settled::Keep => true,
+            Settled::Done => false,
+            Settled::Release => {
+                releasing_bytes += e.job.map.len;
+                releasing.push(e.job.clone());
+                false
+            }
+        });
         if jobs.len() < before {
             gate_poll = GATE_POLL_MIN;
+        }
+        let busy = jobs.iter().any(|e| {
+            matches!(
+                e.job.lock().0,
+                JobState::Queued | JobState::Registering | JobState::Gated(_)
+            )
+        });
+        if !releasing.is_empty() && (closing || !busy || releasing_bytes >= RELEASE_BATCH) {
+            release(&mut releasing, counts);
+            releasing_bytes = 0;
         }
         if closing && jobs.is_empty() {
             // Jobs sent from here on find the channel open until this returns: mark the
@@ -435,16 +463,26 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
     }
 }
 
-/// Acts on `e`'s state; `true` once the registrar is done with it (unregistered, never
-/// registered, or kept for good).
-fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
+/// What [`settle`] decided for a job.
+enum Settled {
+    /// Still the registrar's to watch.
+    Keep,
+    /// Done with: never registered, or kept registered for good.
+    Done,
+    /// Done with, and registered: unregister it (no copy reads it any more).
+    Release,
+}
+
+/// Acts on `e`'s state: whether the registrar keeps watching it, is done with it, or should
+/// unregister it.
+fn settle(e: &mut Entry, closing: bool) -> Settled {
     let mut g = e.job.lock();
     let mut waker = None;
     match &g.0 {
         JobState::Queued | JobState::Registered if closing => {
             waker = MappedJob::settle(&mut g, JobState::Revoked);
         }
-        JobState::Queued | JobState::Registering | JobState::Registered => return false,
+        JobState::Queued | JobState::Registering | JobState::Registered => return Settled::Keep,
         JobState::Gated(gate) => {
             let done = if closing {
                 gate.wait().map(|()| true)
@@ -453,7 +491,7 @@ fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
             };
             match done {
                 Ok(true) => {}
-                Ok(false) => return false,
+                Ok(false) => return Settled::Keep,
                 Err(why) => {
                     tracing::warn!(%why, "a mapped read's copy event failed; its pages stay pinned");
                     g.0 = JobState::Stuck;
@@ -467,19 +505,30 @@ fn settle(e: &mut Entry, closing: bool, counts: &RegistrarCounts) -> bool {
     if let Some(w) = waker {
         w.wake();
     }
-    if e.registered && (stuck || !unregister(&e.job)) {
-        // A copy may still read the pages, or the driver still has them registered: keep the
-        // registration and the mapping (the job) for the process's life, rather than unmap
-        // what the driver may still use.
-        std::mem::forget(e.job.clone());
-        return true;
+    match (e.registered, stuck) {
+        (false, _) => Settled::Done,
+        (true, true) => {
+            // A copy may still read the pages: keep the registration and the mapping (the
+            // job) for the process's life.
+            std::mem::forget(e.job.clone());
+            Settled::Done
+        }
+        (true, false) => Settled::Release,
     }
-    if e.registered {
-        e.registered = false;
-        counts.live.fetch_sub(1, Ordering::Relaxed);
-        LIVE.fetch_sub(1, Ordering::Relaxed);
+}
+
+/// Unregisters every job in `jobs` (their copies are done, or none was queued). One the driver
+/// does not unregister is kept, mapping and all, for the process's life, rather than unmapped
+/// under the driver.
+fn release(jobs: &mut Vec<Arc<MappedJob>>, counts: &RegistrarCounts) {
+    for job in jobs.drain(..) {
+        if unregister(&job) {
+            counts.live.fetch_sub(1, Ordering::Relaxed);
+            LIVE.fetch_sub(1, Ordering::Relaxed);
+        } else {
+            std::mem::forget(job);
+        }
     }
-    true
 }
 
 /// Unregisters `job`'s mapping; `false` if the driver did not. No copy reads it: none was
