@@ -304,9 +304,12 @@ impl EngineBuilder {
     ///
     /// What it trades (BENCHMARKS.md, "Mapped reads"): about a fifth of the CPU time per GB
     /// of the bounce path, at a rate the driver caps, because it serializes registration
-    /// within a process (14–19 GB/s into one GPU on the hosts measured, against 41–50 GB/s
-    /// through the bounce path on 12 cores). For services that load while they serve and
-    /// want the cores more than the last GB/s. A batch's runs (and so safetensors loads) of
+    /// within a process (19–32 GB/s into one GPU on the hosts measured, against 41–50 GB/s
+    /// through the bounce path on 12 cores). For loads that want the cores more than the last
+    /// GB/s, onto a GPU the process is not busy with: the driver's unregistration waits for
+    /// every kernel the process has queued on the device, so beside a long kernel a mapped
+    /// load waits for it (the registrar releases registrations in batches to pay that wait
+    /// rarely). A batch's runs (and so safetensors loads) of
     /// 2 MiB or more qualify as lone reads do. Reads that do not qualify (cold, partly cached,
     /// past the end of the file, O_DIRECT, a stream capturing a graph) and files
     /// whose mappings the driver refuses take the bounce path. Needs the `cuda` feature; does

@@ -32,7 +32,8 @@ class Engine:
     bytes, times in seconds). ``backend``: ``"auto"``, ``"uring"``, ``"pread"`` or ``"gds"``.
     ``async_copy_threshold``: ``-1`` keeps the default, ``None`` keeps all copies inline.
     ``mapped_reads``: large warm reads into GPU memory copied straight from the page cache,
-    without a CPU copy (fewer cores per GB, at a rate the driver caps near 14-19 GB/s).
+    without a CPU copy (a quarter of the cores per GB, at half the bounce path's rate; beside
+    a long kernel of this process a mapped load waits for it).
     Usable as a context manager (``shutdown`` on exit)."""
 
     def __init__(
