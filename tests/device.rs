@@ -12,9 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use gpuio::batch::{BatchPlan, ReadDesc};
-use gpuio::cuda::cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
+use gpuio::cuda::cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use gpuio::{Engine, OpenOptions};
 
 /// Tests of this binary run side by side, except the one that times reads against a stream a
@@ -23,18 +21,6 @@ use gpuio::{Engine, OpenOptions};
 /// pool, a synchronous free) holds the driver's locks, so its copies wait for its own kernel
 /// (2 of 5 runs of the binary on the H100 with four test threads).
 static GPU_TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
-
-fn gpu(test: &str) -> Option<Arc<CudaContext>> {
-    if !gpuio::cuda::available() {
-        let p = gpuio::cuda::probe();
-        skipped(format!(
-            "{test}: no usable CUDA device ({})",
-            p.error.as_deref().unwrap_or("no devices")
-        ));
-        return None;
-    }
-    Some(gpuio::cuda::context(0).expect("CUDA context"))
-}
 
 fn d2h(stream: &Arc<CudaStream>, d: &CudaSlice<u8>) -> Vec<u8> {
     stream.clone_dtoh(d).expect("dtov")

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use gpuio::Engine;
 use gpuio::batch::{BatchPlan, ReadDesc};
-use gpuio::cuda::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use gpuio::cuda::cudarc::driver::{CudaSlice, CudaStream};
 
 const MIB: usize = 1 << 20;
 
@@ -26,18 +26,6 @@ fn turn() -> std::sync::MutexGuard<'static, ()> {
 }
 /// The sentinel every destination is filled with before a read that must not land.
 const SENTINEL: u8 = 0xA5;
-
-fn gpu(test: &str) -> Option<Arc<CudaContext>> {
-    if !gpuio::cuda::available() {
-        let p = gpuio::cuda::probe();
-        skipped(format!(
-            "{test}: no usable CUDA device ({})",
-            p.error.as_deref().unwrap_or("no devices")
-        ));
-        return None;
-    }
-    Some(gpuio::cuda::context(0).expect("CUDA context"))
-}
 
 fn mapped_engine() -> Engine {
     Engine::builder().mapped_reads(true).build().unwrap()

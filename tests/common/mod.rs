@@ -212,6 +212,19 @@ pub fn skipped(why: impl std::fmt::Display) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
 
+/// GPU 0's context, or `None` after saying loudly that `test` skipped (no usable CUDA device).
+pub fn gpu(test: &str) -> Option<std::sync::Arc<gpuio::cuda::cudarc::driver::CudaContext>> {
+    if !gpuio::cuda::available() {
+        let p = gpuio::cuda::probe();
+        skipped(format!(
+            "{test}: no usable CUDA device ({})",
+            p.error.as_deref().unwrap_or("no devices")
+        ));
+        return None;
+    }
+    Some(gpuio::cuda::context(0).expect("CUDA context"))
+}
+
 /// Awaits `f`, failing the test if it takes longer than `limit` (a hang is a bug).
 pub async fn within_limit<T>(
     limit: std::time::Duration,
