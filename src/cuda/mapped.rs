@@ -25,7 +25,6 @@
 //!   could.
 
 use std::collections::VecDeque;
-use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -65,59 +64,19 @@ pub fn registrations_live() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// A read-only shared mapping of a file range, unmapped on drop. Never dereferenced.
-pub(crate) struct FileMapping {
-    addr: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the address is only handed to the driver (register, copy, unregister) and to
-// munmap, never dereferenced, so which thread holds it does not matter.
-unsafe impl Send for FileMapping {}
-// SAFETY: as above; no method reads through the pointer.
-unsafe impl Sync for FileMapping {}
-
-impl FileMapping {
-    /// Maps the pages (of `page` bytes) of the file behind `fd` that hold bytes
-    /// `[pos, pos + len)`; returns the mapping and where byte `pos` sits in it. Nothing is
-    /// faulted in.
-    pub(crate) fn new(
-        fd: BorrowedFd<'_>,
-        pos: u64,
-        len: usize,
-        page: u64,
-    ) -> std::io::Result<(Self, usize)> {
-        let start = pos - pos % page;
-        let in_page = (pos - start) as usize;
-        let map_len = (in_page + len).next_multiple_of(page as usize);
-        let off = libc::off_t::try_from(start)
-            .map_err(|_| std::io::Error::from_raw_os_error(libc::EOVERFLOW))?;
-        // SAFETY: a fresh read-only shared mapping chosen by the kernel (no fixed address), of
-        // an open descriptor the caller borrows for the call; nothing else is affected.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                off,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((FileMapping { addr, len: map_len }, in_page))
-    }
-}
-
-impl Drop for FileMapping {
-    fn drop(&mut self) {
-        // SAFETY: `addr`/`len` are exactly the mapping `new` made, unmapped only here; no
-        // registration covers it any more (the registrar drops its job only after
-        // unregistering, and keeps for good a job it could not unregister).
-        unsafe { libc::munmap(self.addr, self.len) };
-    }
+/// Host memory a mapped read pins and copies from: one live mapping (of a file, in the
+/// library: `plan::residency::FileMapping`) that the CPU never reads. A job owns it, so it
+/// stays mapped for as long as the job may be registered or copied from.
+///
+/// # Safety
+/// Implementors promise that `addr()` and `len()` describe the same range for the value's
+/// whole life, that the range stays mapped (not unmapped or remapped) until the value drops,
+/// and that nothing reads or writes it through a Rust reference.
+pub(crate) unsafe trait PinnableRange: Send + Sync {
+    /// Where the range starts.
+    fn addr(&self) -> *mut std::ffi::c_void;
+    /// Its length in bytes.
+    fn len(&self) -> usize;
 }
 
 /// Where a job stands. One lock guards it and the waker; see the module's soundness notes.
@@ -145,12 +104,12 @@ pub(crate) enum JobState {
 /// One read's mapping, registration state and waker, shared by the future and the registrar.
 pub(crate) struct MappedJob {
     pub(crate) ctx: Arc<CudaContext>,
-    map: FileMapping,
+    map: Box<dyn PinnableRange>,
     state: Mutex<(JobState, Option<Waker>)>,
 }
 
 impl MappedJob {
-    pub(crate) fn new(ctx: Arc<CudaContext>, map: FileMapping) -> Arc<Self> {
+    pub(crate) fn new(ctx: Arc<CudaContext>, map: Box<dyn PinnableRange>) -> Arc<Self> {
         Arc::new(MappedJob {
             ctx,
             map,
@@ -173,14 +132,19 @@ impl MappedJob {
         len: usize,
         stream: sys::CUstream,
     ) -> Result<(), sys::CUresult> {
-        if at.checked_add(len).is_none_or(|end| end > self.map.len) {
+        if at.checked_add(len).is_none_or(|end| end > self.map.len()) {
             return Err(sys::CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the source lies inside the mapping (checked above), registered and kept so
         // until the copy completes (the caller's promise); the destination and stream are the
         // caller's promise too. The CPU does not read the source.
         let rc = unsafe {
-            sys::cuMemcpyHtoDAsync_v2(dst, self.map.addr.cast::<u8>().add(at).cast(), len, stream)
+            sys::cuMemcpyHtoDAsync_v2(
+                dst,
+                self.map.addr().cast::<u8>().add(at).cast(),
+                len,
+                stream,
+            )
         };
         match rc {
             sys::CUresult::CUDA_SUCCESS => Ok(()),
@@ -373,7 +337,7 @@ fn run(rx: mpsc::Receiver<RegistrarMsg>, counts: &RegistrarCounts) {
             Settled::Keep => true,
             Settled::Done => false,
             Settled::Release => {
-                releasing_bytes += e.job.map.len;
+                releasing_bytes += e.job.map.len();
                 releasing.push(e.job.clone());
                 false
             }
@@ -426,7 +390,11 @@ fn register(e: &mut Entry, counts: &RegistrarCounts) {
         // mapped until after it is unregistered; read-only registration matches its
         // protection. Nothing reads the memory on the CPU.
         Ok(()) => unsafe {
-            sys::cuMemHostRegister_v2(job.map.addr, job.map.len, sys::CU_MEMHOSTREGISTER_READ_ONLY)
+            sys::cuMemHostRegister_v2(
+                job.map.addr(),
+                job.map.len(),
+                sys::CU_MEMHOSTREGISTER_READ_ONLY,
+            )
         },
         Err(e) => e.0,
     };
@@ -539,6 +507,6 @@ fn unregister(job: &MappedJob) -> bool {
     }
     // SAFETY: the mapping was registered by `register` and not unregistered since; no queued
     // copy reads it (the caller's precondition).
-    let rc = unsafe { sys::cuMemHostUnregister(job.map.addr) };
+    let rc = unsafe { sys::cuMemHostUnregister(job.map.addr()) };
     rc == sys::CUresult::CUDA_SUCCESS
 }

@@ -12,9 +12,10 @@ use std::task::{Context as TaskContext, Poll};
 use super::device::DeviceCopyOut;
 use super::engine_shared::EngineShared;
 use crate::cuda::event::{EVENT_POOL, EventGate};
-use crate::cuda::mapped::{FileMapping, JobState, MAPPED_READ_MIN, MappedJob, Registrar};
+use crate::cuda::mapped::{JobState, MAPPED_READ_MIN, MappedJob, PinnableRange, Registrar};
 use crate::cuda::memops::{is_capturing, order_after};
 use crate::error::{Context, Error, OpKind};
+use crate::plan::residency::FileMapping;
 use crate::target::Target;
 
 /// The most bytes one registration covers. A larger read is registered in pieces, so the
@@ -22,6 +23,17 @@ use crate::target::Target;
 /// costs grow with size (docs/mapped-reads.md: 64 MiB took 1.6 ms to register, 2.4 ms to
 /// unregister), so one huge registration would leave the copy engine idle that long.
 pub const MAPPED_PIECE: usize = 64 << 20;
+
+// SAFETY: a `FileMapping` is one mapping made by `mmap` at its creation and unmapped only in
+// its `Drop`; its address and length never change, and no method reads through the address.
+unsafe impl PinnableRange for FileMapping {
+    fn addr(&self) -> *mut std::ffi::c_void {
+        FileMapping::addr(self)
+    }
+    fn len(&self) -> usize {
+        FileMapping::len(self)
+    }
+}
 
 /// One piece of a mapped read: its registration job and where it goes.
 struct MappedPiece {
@@ -132,8 +144,9 @@ impl MappedRead {
         while uncopied < MAPPED_WINDOW && self.next < self.len {
             let (at, n) = (self.next, MAPPED_PIECE.min(self.len - self.next));
             let (map, in_page) =
-                FileMapping::new(fd.as_fd(), self.offset + at as u64, n, page).map_err(|_| ())?;
-            let job = MappedJob::new(self.ctx.clone(), map);
+                FileMapping::covering(fd.as_fd(), self.offset + at as u64, n as u64, page)
+                    .map_err(|_| ())?;
+            let job = MappedJob::new(self.ctx.clone(), Box::new(map));
             if !self.registrar.submit(job.clone()) {
                 return Err(());
             }

@@ -105,7 +105,7 @@ pub fn residency(fd: BorrowedFd<'_>, pos: u64, len: u64) -> io::Result<Residency
     let cached = match probe() {
         ResidencyProbe::Cachestat => cachestat_count(fd, start, end - start)?,
         ResidencyProbe::Mincore => {
-            let map = Mapping::new(fd, start, end - start)?;
+            let (map, _) = FileMapping::covering(fd, start, end - start, page)?;
             map.resident(0, pages as usize, page)?
         }
     };
@@ -147,7 +147,7 @@ pub fn estimate(fd: BorrowedFd<'_>, pos: u64, len: u64) -> io::Result<Residency>
         }
         ResidencyProbe::Mincore => {
             // One mapping of the range (nothing is faulted in), asked about the windows only.
-            let map = Mapping::new(fd, start, end - start)?;
+            let (map, _) = FileMapping::covering(fd, start, end - start, page)?;
             for i in 0..SAMPLE_WINDOWS {
                 cached += map.resident(at(i) as usize, SAMPLE_PAGES as usize, page)?;
             }
@@ -211,25 +211,46 @@ unsafe fn sys_cachestat(fd: i32, range: &CachestatRange, out: &mut CachestatOut)
     }
 }
 
-/// A read-only shared mapping of a file range that is never touched, so asking `mincore`
-/// about it faults nothing in; unmapped on drop.
-struct Mapping {
+/// A read-only shared mapping of the pages of a file that hold a byte range, unmapped on drop.
+/// The CPU never reads through it: `mincore` asks about it (nothing is faulted in), and mapped
+/// reads hand it to the driver, which pins the page-cache pages behind it and lets the GPU DMA
+/// from them (`cuda::mapped`). So a file truncated under it cannot raise `SIGBUS` here.
+pub(crate) struct FileMapping {
     addr: *mut libc::c_void,
     len: usize,
 }
 
-impl Mapping {
-    /// Maps `[start, start + len)` (page-aligned) of the file behind `fd`.
-    fn new(fd: BorrowedFd<'_>, start: u64, len: u64) -> io::Result<Mapping> {
+// SAFETY: the address is only handed to the kernel (mincore, munmap) and to the driver
+// (register, copy, unregister), never dereferenced, so which thread holds it does not matter.
+unsafe impl Send for FileMapping {}
+// SAFETY: as above; no method reads through the pointer.
+unsafe impl Sync for FileMapping {}
+
+impl FileMapping {
+    /// Maps the pages (of `page` bytes) of the file behind `fd` that hold bytes
+    /// `[pos, pos + len)`; returns the mapping and where byte `pos` sits in it. Nothing is
+    /// faulted in. The descriptor must be open for reading.
+    pub(crate) fn covering(
+        fd: BorrowedFd<'_>,
+        pos: u64,
+        len: u64,
+        page: u64,
+    ) -> io::Result<(FileMapping, usize)> {
         let too_big = || io::Error::from_raw_os_error(libc::EOVERFLOW);
-        let len = usize::try_from(len).map_err(|_| too_big())?;
+        let start = pos - pos % page;
+        let in_page = (pos - start) as usize;
+        let map_len = usize::try_from(len)
+            .ok()
+            .and_then(|n| n.checked_add(in_page))
+            .and_then(|n| n.checked_next_multiple_of(page as usize))
+            .ok_or_else(too_big)?;
         let off = libc::off_t::try_from(start).map_err(|_| too_big())?;
-        // SAFETY: a new shared read-only mapping of the file chosen by the kernel; it aliases
-        // no Rust memory and is only ever passed to mincore and munmap.
+        // SAFETY: a new shared read-only mapping of the file at an address the kernel chooses;
+        // it aliases no Rust memory and is only ever passed to the kernel and the driver.
         let addr = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                len,
+                map_len,
                 libc::PROT_READ,
                 libc::MAP_SHARED,
                 fd.as_raw_fd(),
@@ -239,7 +260,20 @@ impl Mapping {
         if addr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { addr, len })
+        Ok((FileMapping { addr, len: map_len }, in_page))
+    }
+
+    /// Where the mapping starts. Never to be dereferenced by the CPU.
+    // Mapped reads (built with `cuda`) are the only users of the address and length.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn addr(&self) -> *mut libc::c_void {
+        self.addr
+    }
+
+    /// The mapping's length in bytes, whole pages.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// Resident pages among `count` pages from page `first` of the mapping.
@@ -263,9 +297,11 @@ impl Mapping {
     }
 }
 
-impl Drop for Mapping {
+impl Drop for FileMapping {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping `new` made; nothing refers into it.
+        // SAFETY: unmaps exactly the mapping `covering` made, only here. A mapped read's
+        // registrar drops its mapping only after unregistering it, and keeps for good one it
+        // could not unregister (`cuda::mapped`), so no pin or copy outlives it.
         unsafe { libc::munmap(self.addr, self.len) };
     }
 }
@@ -319,8 +355,9 @@ mod tests {
         // The mapping needs a readable descriptor (the reactor's always are, for reads).
         let f = std::fs::File::open(&path).unwrap();
         let page = page_size();
-        let by_mincore = Mapping::new(f.as_fd(), 0, 64 << 10)
+        let by_mincore = FileMapping::covering(f.as_fd(), 0, 64 << 10, page)
             .unwrap()
+            .0
             .resident(0, ((64 << 10) / page) as usize, page)
             .unwrap();
         let by_probe = residency(f.as_fd(), 0, 64 << 10).unwrap();
