@@ -82,7 +82,7 @@ pub use error::{Context, Error, OpKind, Result};
 #[cfg(feature = "cuda")]
 pub use file::StreamIo;
 pub use file::{File, OpenOptions};
-pub use op::cached::CACHED_READ_MAX;
+pub use op::cached::{CACHED_READ_MAX, HOST_CACHED_READ_MAX};
 #[cfg(feature = "cuda")]
 #[doc(hidden)]
 pub use op::device::small_reads_released_early;

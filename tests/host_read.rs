@@ -319,29 +319,20 @@ fn a_spinning_reactor_reaps_completions_while_it_spins() {
 
 /// Small reads of cached bytes are served by the thread that polls them (counted), byte for
 /// byte right at any offset and length up to `CACHED_READ_MAX`; across and past the end of the
-/// file they give the counts the reactor gives; larger reads, O_DIRECT files and an engine
-/// with the fast path off never take it; bytes dropped from the cache still read right.
+/// file they give the counts the reactor gives; reads above `page_cache_read_max`, O_DIRECT
+/// files and an engine with the fast path off never take it; bytes dropped from the cache
+/// still read right.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn small_cached_reads_are_served_on_the_polling_thread() {
     use std::os::fd::AsRawFd;
     let dir = tmpdir();
     let (path, data) = test_file(dir.path(), "warm", (1 << 20) + 333, 61);
-    {
-        // Where the kernel or filesystem refuses RWF_NOWAIT the fast path never runs: say so.
-        let probe = std::fs::File::open(&path).unwrap();
-        let mut one = [0u8; 1];
-        let iov = libc::iovec {
-            iov_base: one.as_mut_ptr().cast(),
-            iov_len: 1,
-        };
-        // SAFETY: a valid descriptor and a one-byte buffer that outlives the call.
-        if unsafe { libc::preadv2(probe.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) } < 0 {
-            let e = std::io::Error::last_os_error();
-            skipped(format!(
-                "small_cached_reads_are_served_on_the_polling_thread: RWF_NOWAIT refused here ({e})"
-            ));
-            return;
-        }
+    // Where the kernel or filesystem refuses RWF_NOWAIT the fast path never runs: say so.
+    if let Some(e) = nowait_refused(&path) {
+        skipped(format!(
+            "small_cached_reads_are_served_on_the_polling_thread: RWF_NOWAIT refused here ({e})"
+        ));
+        return;
     }
     let engine = Engine::new().unwrap();
     let f = engine.open(&path).unwrap();
@@ -366,10 +357,23 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
     assert_eq!(f.read_into(&mut b, end).await.unwrap(), 0);
     assert_eq!(f.read_into(&mut b, end + 5).await.unwrap(), 0);
 
+    // Past CACHED_READ_MAX a host read is served in poll too (in pieces), up to the engine's
+    // `page_cache_read_max`; above that it goes to the reactor.
     let served = engine.cached_reads();
     let mut big = vec![0u8; gpuio::CACHED_READ_MAX + 1];
     assert_eq!(f.read_into(&mut big, 1).await.unwrap(), big.len());
     assert!(big[..] == data[1..1 + big.len()]);
+    assert_eq!(engine.cached_reads(), served + 1);
+    let small_only = Engine::builder()
+        .page_cache_read_max(gpuio::CACHED_READ_MAX)
+        .build()
+        .unwrap();
+    let h = small_only.open(&path).unwrap();
+    big.fill(0);
+    assert_eq!(h.read_into(&mut big, 2).await.unwrap(), big.len());
+    assert!(big[..] == data[2..2 + big.len()]);
+    assert_eq!(small_only.cached_reads(), 0, "above page_cache_read_max");
+    let served = engine.cached_reads();
     if direct_ok(&engine, &path) {
         let d = gpuio::OpenOptions::new()
             .read(true)
@@ -382,16 +386,12 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
     assert_eq!(
         engine.cached_reads(),
         served,
-        "large and O_DIRECT reads go to the reactor"
+        "O_DIRECT reads go to the reactor"
     );
 
     // While a write of this file is unfinished, small reads of it keep to the reactor: its range
     // fence orders them after overlapping write pieces in the kernel (a dropped write's too).
-    let rw = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&engine, &path)
-        .unwrap();
+    let rw = open_rw(&engine, &path);
     let same = data[..4096].to_vec();
     let write = rw.write_from(&same[..], 0);
     let served = engine.cached_reads();
@@ -452,4 +452,157 @@ async fn small_cached_reads_are_served_on_the_polling_thread() {
             "at {at} after the cache dropped it"
         );
     }
+}
+
+/// `path` opened for reading and writing on `engine`.
+fn open_rw(engine: &Engine, path: &std::path::Path) -> gpuio::File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(engine, path)
+        .unwrap()
+}
+
+/// Why `preadv2(RWF_NOWAIT)` fails on `path` here (then no read is served in poll), or `None`.
+fn nowait_refused(path: &std::path::Path) -> Option<std::io::Error> {
+    use std::os::fd::AsRawFd;
+    let probe = std::fs::File::open(path).unwrap();
+    let mut one = [0u8; 1];
+    let iov = libc::iovec {
+        iov_base: one.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: a valid descriptor and a one-byte buffer that outlives the call.
+    let rc = unsafe { libc::preadv2(probe.as_raw_fd(), &iov, 1, 0, libc::RWF_NOWAIT) };
+    (rc < 0).then(std::io::Error::last_os_error)
+}
+
+/// Counts the polls of the future it wraps.
+struct CountPolls<F> {
+    inner: F,
+    polls: usize,
+}
+
+impl<F: std::future::Future + Unpin> std::future::Future for CountPolls<F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        self.polls += 1;
+        std::pin::Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+/// With `page_cache_read_max`, larger reads of cached bytes into host memory are copied from
+/// the page cache by the polling thread, one piece of at most 2 MiB per poll (the future
+/// yields between pieces); byte for byte right at unaligned offsets; where a later piece
+/// cannot be served the rest goes to the reactor after the bytes already copied; reads across
+/// the end of the file or of a range partly missing from the page cache go to the reactor
+/// whole; a future dropped or leaked between pieces leaves nothing that writes the buffer
+/// later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn larger_cached_host_reads_are_copied_in_pieces_by_the_polling_thread() {
+    use std::os::fd::{AsFd, AsRawFd};
+    let dir = tmpdir();
+    let len = (9 << 20) + 777;
+    let (path, data) = test_file(dir.path(), "warm-large", len, 71);
+    if let Some(e) = nowait_refused(&path) {
+        skipped(format!(
+            "larger_cached_host_reads_are_copied_in_pieces_by_the_polling_thread: \
+             RWF_NOWAIT refused here ({e})"
+        ));
+        return;
+    }
+    let engine = Engine::builder()
+        .page_cache_read_max(64 << 20)
+        .build()
+        .unwrap();
+    let f = engine.open(&path).unwrap();
+
+    // 5 MiB + 3 from an unaligned offset: three pieces, so three polls at least.
+    let before = engine.cached_reads();
+    let mut b = vec![0u8; (5 << 20) + 3];
+    let mut read = CountPolls {
+        inner: f.read_into(&mut b, 4097),
+        polls: 0,
+    };
+    assert_eq!((&mut read).await.unwrap(), (5 << 20) + 3);
+    assert!(read.polls >= 3, "{} polls", read.polls);
+    drop(read);
+    assert!(b[..] == data[4097..4097 + (5 << 20) + 3]);
+    assert_eq!(engine.cached_reads(), before + 1);
+
+    // Across the end of the file (the estimate counts pages past it as missing): the read goes
+    // to the reactor, and the count is its.
+    let mut b = vec![0u8; 3 << 20];
+    let at = (len - 1000) as u64;
+    assert_eq!(f.read_into(&mut b, at).await.unwrap(), 1000);
+    assert!(b[..1000] == data[len - 1000..]);
+    let at = (len - (2 << 20) - 1000) as u64;
+    assert_eq!(f.read_into(&mut b, at).await.unwrap(), (2 << 20) + 1000);
+    assert!(b[..(2 << 20) + 1000] == data[at as usize..]);
+
+    // Dropped after its first piece, and leaked after its first piece: the buffer keeps what
+    // the first poll copied and nothing writes it afterwards.
+    for leak in [false, true] {
+        let mut b = vec![0u8; 6 << 20];
+        {
+            let mut r = f.read_into(&mut b, 0);
+            assert!(!poll_once(&mut r), "one poll copies one piece, not 6 MiB");
+            if leak {
+                std::mem::forget(r);
+            }
+        }
+        let first = b.clone();
+        assert!(first[..2 << 20] == data[..2 << 20], "leak {leak}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            b == first,
+            "leak {leak}: the buffer changed after the future went"
+        );
+    }
+
+    // A piece that cannot be served (here: a write of the file became pending between two
+    // polls, so the reactor's fence must order what follows): the bytes the first poll copied
+    // stay, the reactor reads the rest into the buffer after them, the count is the whole
+    // read's. The write is never polled, and writes the same bytes anyway.
+    let rw = open_rw(&engine, &path);
+    let same = data[..4096].to_vec();
+    let served = engine.cached_reads();
+    let mut b = vec![0u8; 6 << 20];
+    let n = {
+        let mut read = f.read_into(&mut b, 3);
+        assert!(!poll_once(&mut read), "one poll copies one piece");
+        let write = rw.write_from(&same[..], 0);
+        let n = (&mut read).await.unwrap();
+        drop(write);
+        n
+    };
+    assert_eq!(n, 6 << 20);
+    assert!(b[..] == data[3..3 + (6 << 20)]);
+    assert_eq!(
+        engine.cached_reads(),
+        served,
+        "the read was not all served in poll"
+    );
+
+    // A range the page cache lacks in part goes to the reactor whole (the sampled estimate
+    // sees it), and reads right.
+    std::fs::File::open(&path).unwrap().sync_all().unwrap();
+    let fd = std::fs::File::open(&path).unwrap();
+    // SAFETY: a valid descriptor; advice only.
+    unsafe { libc::posix_fadvise(fd.as_raw_fd(), 4 << 20, 0, libc::POSIX_FADV_DONTNEED) };
+    let tail = gpuio::plan::residency::residency(fd.as_fd(), 4 << 20, 1 << 20).unwrap();
+    if tail.cached > 0 {
+        skipped(format!(
+            "larger_cached_host_reads_are_copied_in_pieces_by_the_polling_thread: partly cached \
+             half: the filesystem keeps its pages ({tail:?})"
+        ));
+        return;
+    }
+    let mut b = vec![0u8; 8 << 20];
+    assert_eq!(f.read_into(&mut b, 1).await.unwrap(), 8 << 20);
+    assert!(b[..] == data[1..1 + (8 << 20)]);
+    assert_eq!(engine.cached_reads(), served);
 }

@@ -18,6 +18,8 @@ fn small_engine(backend: Backend) -> Option<Engine> {
         .bounce_slots(4)
         .bounce_growth(4)
         .pool_wait_limit(Duration::from_millis(400))
+        // The tests' reads must hold bounce slots: none is copied from the page cache in poll.
+        .page_cache_read_max(gpuio::CACHED_READ_MAX)
         .build()
     {
         Ok(e) => Some(e),

@@ -301,6 +301,9 @@ async fn measure(
     if a.no_residency {
         builder = builder.residency_aware(false);
     }
+    if let Some(max) = a.page_cache_read_max {
+        builder = builder.page_cache_read_max(max.0 as usize);
+    }
     let base = builder.sizing();
     let chunk = if a.direct || backend == BenchBackend::Spdk {
         base.direct_chunk

@@ -45,7 +45,7 @@ enum Cmd {
     /// or host memory, whole or across tensor-parallel ranks.
     Load(load::LoadArgs),
     /// Measure read or write throughput, fio-style.
-    Bench(bench::BenchArgs),
+    Bench(Box<bench::BenchArgs>),
     /// Mixed reads and writes checked against a model of the file, on every backend.
     Soak(soak::SoakArgs),
     /// Transfers between two agents (in this process or two), nixlbench-style.
@@ -70,7 +70,7 @@ fn main() -> ExitCode {
             Cmd::Cp(args) => cp::run(args).await,
             Cmd::Read(args) => read::run(args).await,
             Cmd::Load(args) => load::run(args).await,
-            Cmd::Bench(args) => bench::run(args).await,
+            Cmd::Bench(args) => bench::run(*args).await,
             Cmd::Soak(args) => soak::run(args).await,
             Cmd::Xfer(args) => xfer::run(args).await,
         }

@@ -45,6 +45,7 @@ pub struct EngineBuilder {
     punt_min: Option<usize>,
     residency_aware: bool,
     cached_fast_path: bool,
+    host_cached_max: usize,
     mapped_reads: bool,
     spdk_memory: bool,
     cufile_compat: bool,
@@ -73,6 +74,7 @@ impl Default for EngineBuilder {
             punt_min: Some(64 << 10),
             residency_aware: true,
             cached_fast_path: true,
+            host_cached_max: crate::op::cached::HOST_CACHED_READ_MAX,
             mapped_reads: false,
             spdk_memory: false,
             cufile_compat: false,
@@ -278,9 +280,10 @@ impl EngineBuilder {
         self
     }
 
-    /// Whether small reads (up to [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes, buffered
-    /// files on the io_uring and pread paths) first try the page cache on the thread that polls
-    /// them (default on): a `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the
+    /// Whether reads of buffered files on the io_uring and pread paths, up to
+    /// [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes into device memory and up to
+    /// [`page_cache_read_max`](Self::page_cache_read_max) into host memory, first try the page
+    /// cache on the thread that polls them (default on): a `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the
     /// kernel serves only if the bytes are cached and it need not wait. For device memory the
     /// bytes go through a per-thread pageable buffer and one host-to-device copy queued on the
     /// destination's stream, which CUDA stages before the call returns. Served, the read is done
@@ -294,6 +297,20 @@ impl EngineBuilder {
     /// filesystems that briefly waits for metadata on the polling thread.
     pub fn page_cache_fast_path(mut self, on: bool) -> Self {
         self.cached_fast_path = on;
+        self
+    }
+
+    /// The largest read into host memory that the thread polling it serves straight from the
+    /// page cache (`preadv2(RWF_NOWAIT)` into the caller's buffer, in pieces of at most 2 MiB
+    /// per poll), where the page cache holds it all (a sampled estimate). Default
+    /// [`HOST_CACHED_READ_MAX`](crate::HOST_CACHED_READ_MAX) (16 MiB); never below
+    /// [`CACHED_READ_MAX`](crate::CACHED_READ_MAX). Larger reads, and reads of ranges the page
+    /// cache lacks, take the bounce path: io-wq copies into bounce slots, then the future
+    /// copies the slots into the buffer. The copies in poll run on the threads that poll the
+    /// reads (so as many at once as reads are polled at once, outside the cap on page-cache
+    /// copies), and such a read moves only while it is polled.
+    pub fn page_cache_read_max(mut self, bytes: usize) -> Self {
+        self.host_cached_max = bytes;
         self
     }
 
@@ -460,6 +477,7 @@ impl EngineBuilder {
         let (tx, rx) = channel::<Msg>();
         let policy = OpPolicy {
             cached_fast_path: self.cached_fast_path,
+            host_cached_max: self.host_cached_max.max(crate::op::cached::CACHED_READ_MAX),
             mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
         };
         let reactor = ReactorHandle::new(tx, doorbell.clone());

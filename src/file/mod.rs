@@ -210,14 +210,18 @@ impl File {
                 Either::Device(crate::op::device::DeviceCopyOut::new(dst, offset))
             }
         };
-        // A small read of a buffered file may be served from the page cache at first poll
-        // (`op::cached`), and a large one into device memory may be handed to the mapped
-        // reads' registrar then (`op::mapped`); the op is built only if neither happens.
+        // A read of a buffered file may be served from the page cache in poll (`op::cached`:
+        // up to 64 KiB into device memory, up to `page_cache_read_max` into host memory), and
+        // a large one into device memory may be handed to the mapped reads' registrar
+        // (`op::mapped`); the op is built only if neither happens.
         let t = &self.inner;
         let policy = &self.engine.shared().policy;
         let buffered = t.nvme.is_none() && t.dio.is_none() && t.fd.is_some();
-        let cached =
-            len > 0 && len <= crate::op::cached::CACHED_READ_MAX && policy.cached_fast_path;
+        let cached_max = match transfer {
+            Either::Host(_) => policy.host_cached_max,
+            _ => crate::op::cached::CACHED_READ_MAX,
+        };
+        let cached = len > 0 && len <= cached_max && policy.cached_fast_path;
         #[cfg(feature = "cuda")]
         let mapped = policy.mapped_reads
             && len >= crate::cuda::mapped::MAPPED_READ_MIN

@@ -8,6 +8,10 @@
 //! the read is one system call on the polling thread. The copy happens inside `poll`, into
 //! the buffer the future borrows, so dropping or leaking the future afterwards changes nothing.
 //!
+//! Larger reads into host memory (up to [`HOST_CACHED_READ_MAX`] by default) take the same
+//! call in pieces of [`HOST_POLL_PIECE`], one per poll, where the page cache holds the range:
+//! one copy where the bounce path makes two (io-wq into a slot, the future out of it).
+//!
 //! Small reads into device memory take the same path through a per-thread pageable staging
 //! buffer ([`with_stage`]): `RWF_NOWAIT` into it, then one copy from it on the destination's
 //! stream, also inside `poll`. The copy is a `cuMemcpyBatchAsync` whose source is read during
@@ -29,6 +33,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Largest read the polling thread tries to serve from the page cache (bytes): a copy this
 /// size takes microseconds, short enough to run on an async runtime's thread.
 pub const CACHED_READ_MAX: usize = 64 << 10;
+
+/// The largest read into host memory that the thread polling it copies from the page cache by
+/// default (`EngineBuilder::page_cache_read_max`), 2 MiB (`HOST_POLL_PIECE`) per poll. One
+/// copy (page cache to buffer) instead of the bounce path's two (page cache to slot, slot to
+/// buffer). Measured on a 32-core host (BENCHMARKS.md, eighteenth session): 16 MiB reads at
+/// depth 32 ran 1.6x the bounce path's rate (1 MiB: 2.3x), at depth 1 and 4 as fast on 0.6x
+/// the cores. A lone 64 MiB read ran 0.77x and a lone 1 GiB read 0.87x (one thread copying
+/// cold bytes into a cold buffer, where io-wq's many copies feed the bounce path), so larger
+/// reads keep the bounce path; eight 64 MiB reads at once ran 1.27x in poll on half the cores.
+pub const HOST_CACHED_READ_MAX: usize = 16 << 20;
+
+/// Most bytes one poll of a larger host read copies from the page cache
+/// (`EngineBuilder::page_cache_read_max`) before it yields to the runtime: about 0.4 ms of
+/// copying, as long as a bounce read's copy of one 2 MiB piece into the buffer takes.
+pub const HOST_POLL_PIECE: usize = 2 << 20;
 
 /// Reads `dst.len()` bytes at `offset` from `fd` if the page cache holds all of them (or
 /// `offset` is at or past the end of the file: `Some(0)`). `None`: go through the reactor

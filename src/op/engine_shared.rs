@@ -20,6 +20,10 @@ pub(crate) struct OpPolicy {
     /// mappings (`op::mapped`); off, they take the bounce path.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) mapped_reads: bool,
+    /// Largest read into host memory the polling thread serves straight from the page cache
+    /// (`op::cached`), in pieces of at most [`HOST_POLL_PIECE`](super::cached::HOST_POLL_PIECE)
+    /// per poll.
+    pub(crate) host_cached_max: usize,
 }
 
 impl Default for OpPolicy {
@@ -27,6 +31,7 @@ impl Default for OpPolicy {
         OpPolicy {
             cached_fast_path: true,
             mapped_reads: false,
+            host_cached_max: super::cached::HOST_CACHED_READ_MAX,
         }
     }
 }

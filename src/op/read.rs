@@ -1,5 +1,6 @@
 //! Reads into borrowed host memory: the future copies landed slots into the caller's buffer,
-//! or (small reads of cached bytes, `op::cached`) reads straight into it at first poll.
+//! or (cached bytes, `op::cached`) reads straight into it in its polls: a small read at the
+//! first, a larger one a piece per poll.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -75,11 +76,15 @@ pub(crate) type CopyOut<'a> = Either<HostCopyOut<'a>, NoTransfer>;
 #[must_use = "futures do nothing unless polled"]
 pub struct ReadInto<'a> {
     stage: ReadStage<'a>,
+    /// Bytes served from the page cache before the rest went to the reactor: the op's count
+    /// starts after them.
+    served: usize,
 }
 
 enum ReadStage<'a> {
-    /// A small read of a buffered file, not polled yet: the first poll tries the page cache
-    /// (`op::cached`) and builds the op only where that fails.
+    /// A read of a buffered file that the page cache may serve in poll (`op::cached`: a small
+    /// one at the first poll, a larger host one a piece per poll), or, into device memory, the
+    /// mapped reads may take; the op is built only where neither does.
     FirstPoll(FirstPoll<'a>),
     /// The op, sent to the reactor at its first poll.
     Op(OpFuture<CopyOut<'a>>),
@@ -113,6 +118,8 @@ struct FirstPoll<'a> {
     offset: u64,
     transfer: CopyOut<'a>,
     progress: Option<super::progress::OpProgress>,
+    /// Bytes of a larger host read already copied from the page cache by earlier polls.
+    served: usize,
 }
 
 impl<'a> ReadInto<'a> {
@@ -124,7 +131,9 @@ impl<'a> ReadInto<'a> {
                 offset,
                 transfer,
                 progress: None,
+                served: 0,
             }),
+            served: 0,
         }
     }
 
@@ -132,6 +141,7 @@ impl<'a> ReadInto<'a> {
     pub(crate) fn op(op: OpFuture<CopyOut<'a>>) -> Self {
         ReadInto {
             stage: ReadStage::Op(op),
+            served: 0,
         }
     }
 
@@ -192,8 +202,11 @@ impl<'a> ReadInto<'a> {
 }
 
 impl FirstPoll<'_> {
-    /// Serves the read from the page cache, or `None` where it must go through the reactor.
-    fn serve_cached(&mut self) -> Option<Result<usize>> {
+    /// Serves the read from the page cache: `Ready` once it is all copied, `Pending` where a
+    /// larger host read has copied one piece and yields (the caller wakes itself), `None`
+    /// where the rest (all of it, unless earlier polls copied pieces) must go through the
+    /// reactor.
+    fn serve_cached(&mut self) -> Option<Poll<Result<usize>>> {
         let (file, target) = (self.file, self.file.target());
         let engine = file.engine_shared();
         let len = match &self.transfer {
@@ -203,8 +216,13 @@ impl FirstPoll<'_> {
             #[cfg(not(feature = "cuda"))]
             Either::Device(_) => return None,
         };
-        // A large read gets here only to be offered to the mapped reads (`op::mapped`).
-        if len > super::cached::CACHED_READ_MAX || !engine.policy.cached_fast_path {
+        let max = match &self.transfer {
+            Either::Host(_) => engine.policy.host_cached_max,
+            _ => super::cached::CACHED_READ_MAX,
+        };
+        // A large device read gets here only to be offered to the mapped reads
+        // (`op::mapped`).
+        if len > max || !engine.policy.cached_fast_path {
             return None;
         }
         // An invalid request gets its error from the op; and with a write of this file
@@ -218,19 +236,55 @@ impl FirstPoll<'_> {
         }
         let (fd, refused) = (target.raw_fd(), &target.nowait_refused);
         let served = match &mut self.transfer {
-            Either::Host(h) => super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok),
+            Either::Host(h) if len > super::cached::CACHED_READ_MAX => {
+                // In pieces, yielding between them: one poll copies at most
+                // `HOST_POLL_PIECE`, so a long read holds the runtime's thread no longer than
+                // a bounce read's copy of one piece does. A piece the page cache does not hold
+                // whole (or the end of the file) sends the read to the reactor.
+                let at = self.served;
+                // Only where the page cache holds the range (a sampled estimate, as the
+                // reactor's own): `RWF_NOWAIT` on a missing page starts readahead before it
+                // refuses, which a cold read that the reactor sends O_DIRECT must not pay.
+                if at == 0
+                    && !crate::plan::residency::estimate(
+                        std::os::fd::AsFd::as_fd(target.fd.as_ref()?),
+                        h.offset,
+                        len as u64,
+                    )
+                    .ok()?
+                    .all_cached()
+                {
+                    return None;
+                }
+                let n = (len - at).min(super::cached::HOST_POLL_PIECE);
+                let got = super::cached::try_read(
+                    fd,
+                    refused,
+                    &mut h.dst[at..at + n],
+                    h.offset + at as u64,
+                )?;
+                if got != n {
+                    return None;
+                }
+                self.served += n;
+                if self.served < len {
+                    return Some(Poll::Pending);
+                }
+                Ok(len)
+            }
+            Either::Host(h) => super::cached::try_read(fd, refused, h.dst, h.offset).map(Ok)?,
             #[cfg(feature = "cuda")]
-            Either::Device(d) => d.read_cached(fd, refused, &engine.stages),
+            Either::Device(d) => d.read_cached(fd, refused, &engine.stages)?,
             #[cfg(not(feature = "cuda"))]
-            Either::Device(_) => None,
-        }?;
+            Either::Device(_) => return None,
+        };
         if let Ok(n) = &served {
             if let Some(p) = &mut self.progress {
                 p.add(*n as u64);
             }
             engine.stats.cached_reads.add(1);
         }
-        Some(served)
+        Some(Poll::Ready(served))
     }
 }
 
@@ -247,11 +301,26 @@ impl<'a> FirstPoll<'a> {
         }
     }
 
-    /// The read's op, sent to the reactor at its first poll.
-    fn into_op(self) -> OpFuture<CopyOut<'a>> {
-        let mut op = self.file.start_read(self.offset, self.transfer);
+    /// The op for the bytes not yet served (all of them unless a host read copied some from
+    /// the page cache in earlier polls), sent to the reactor at its first poll; and how many
+    /// were served.
+    fn into_op(mut self) -> (OpFuture<CopyOut<'a>>, usize) {
+        let served = self.served;
+        if served > 0 {
+            if let Either::Host(h) = &mut self.transfer {
+                let dst = std::mem::take(&mut h.dst);
+                h.dst = &mut dst[served..];
+                h.offset += served as u64;
+            }
+            if let Some(p) = &mut self.progress {
+                p.add(served as u64);
+            }
+        }
+        let mut op = self
+            .file
+            .start_read(self.offset + served as u64, self.transfer);
         op.set_progress(self.progress);
-        op
+        (op, served)
     }
 }
 
@@ -260,9 +329,16 @@ impl Future for ReadInto<'_> {
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Result<usize>> {
         let this = &mut *self;
         if let ReadStage::FirstPoll(first) = &mut this.stage {
-            if let Some(result) = first.serve_cached() {
-                this.stage = ReadStage::Done;
-                return Poll::Ready(result);
+            match first.serve_cached() {
+                Some(Poll::Ready(result)) => {
+                    this.stage = ReadStage::Done;
+                    return Poll::Ready(result);
+                }
+                Some(Poll::Pending) => {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                None => {}
             }
             let ReadStage::FirstPoll(first) = std::mem::replace(&mut this.stage, ReadStage::Done)
             else {
@@ -272,11 +348,15 @@ impl Future for ReadInto<'_> {
             if let Some(m) = first.start_mapped() {
                 this.stage = ReadStage::Mapped(first, m);
             } else {
-                this.stage = ReadStage::Op(first.into_op());
+                let (op, served) = first.into_op();
+                this.stage = ReadStage::Op(op);
+                this.served = served;
             }
             #[cfg(not(feature = "cuda"))]
             {
-                this.stage = ReadStage::Op(first.into_op());
+                let (op, served) = first.into_op();
+                this.stage = ReadStage::Op(op);
+                this.served = served;
             }
         }
         #[cfg(feature = "cuda")]
@@ -300,12 +380,19 @@ impl Future for ReadInto<'_> {
                         unreachable!()
                     };
                     drop(m);
-                    this.stage = ReadStage::Op(first.into_op());
+                    let (op, served) = first.into_op();
+                    this.stage = ReadStage::Op(op);
+                    this.served = served;
                 }
             }
         }
         match &mut this.stage {
-            ReadStage::Op(op) => Pin::new(op).poll(cx).map(super::to_usize),
+            ReadStage::Op(op) => {
+                let served = this.served;
+                Pin::new(op)
+                    .poll(cx)
+                    .map(|r| super::to_usize(r).map(|n| n + served))
+            }
             _ => Poll::Ready(Err(crate::error::Error::invalid(
                 crate::error::Context::op(crate::error::OpKind::Read),
                 "future polled after it completed",

@@ -73,6 +73,9 @@ fn with_panic_fixture(
             .chunk_size(64 << 10)
             .queue_depth(8)
             .bounce_slots(16)
+            // The tests' 1 MiB reads of a just-written file must reach the reactor, not be
+            // copied from the page cache by the polling thread.
+            .page_cache_read_max(crate::CACHED_READ_MAX)
             .build()
         {
             Ok(e) => e,
@@ -224,6 +227,8 @@ fn timed_waits_without_ext_arg_use_a_timeout_sqe() {
         .queue_depth(8)
         .reactor_tick(Duration::from_micros(100))
         .without_ext_arg()
+        // Reads too must wait in the kernel: none is copied from the page cache in poll.
+        .page_cache_read_max(crate::CACHED_READ_MAX)
         .build()
     {
         Ok(e) => e,

@@ -232,6 +232,11 @@ pub struct BenchArgs {
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
     pub(crate) no_fast_path: bool,
+    /// The largest read into host memory served straight from the page cache by the thread
+    /// polling it (`EngineBuilder::page_cache_read_max`; default 16M; 64K: only small reads,
+    /// as before the eighteenth session).
+    #[arg(long, value_name = "SIZE")]
+    pub(crate) page_cache_read_max: Option<ByteSize>,
     /// Large warm reads into GPU memory copied straight from the page cache, without a CPU
     /// copy: the range mapped and registered with the driver (`EngineBuilder::mapped_reads`).
     #[arg(long)]
