@@ -40,7 +40,8 @@ impl Engine {
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
         page_cache_copies = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
-        reactor_spin = None, reactor_tick = None, residency_aware = true, mapped_reads = false))]
+        reactor_spin = None, reactor_tick = None, residency_aware = true, mapped_reads = false,
+        page_cache_read_max = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -62,6 +63,7 @@ impl Engine {
         reactor_tick: Option<f64>,
         residency_aware: bool,
         mapped_reads: bool,
+        page_cache_read_max: Option<i128>,
     ) -> PyResult<Self> {
         let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
         let buffered_chunk_size: Option<usize> =
@@ -75,6 +77,8 @@ impl Engine {
         let bounce_slots: Option<usize> = opt_int_arg(py, "bounce_slots", bounce_slots)?;
         let bounce_growth: Option<usize> = opt_int_arg(py, "bounce_growth", bounce_growth)?;
         let pread_threads: Option<usize> = opt_int_arg(py, "pread_threads", pread_threads)?;
+        let page_cache_read_max: Option<usize> =
+            opt_int_arg(py, "page_cache_read_max", page_cache_read_max)?;
         let backend: gpuio::Backend = backend
             .parse()
             .map_err(|e: String| crate::errors::invalid(py, e))?;
@@ -120,6 +124,9 @@ impl Engine {
         }
         if let Some(v) = pread_threads {
             b = b.pread_threads(v);
+        }
+        if let Some(v) = page_cache_read_max {
+            b = b.page_cache_read_max(v);
         }
         // -1 (the default) keeps the library's threshold; None keeps everything inline.
         match async_copy_threshold {
@@ -193,6 +200,13 @@ impl Engine {
     #[getter]
     fn mapped_reads(&self) -> u64 {
         self.inner.mapped_reads()
+    }
+
+    /// Reads so far served from the page cache by the thread running them, straight into the
+    /// destination: small ones, and host reads up to ``page_cache_read_max`` bytes.
+    #[getter]
+    fn cached_reads(&self) -> u64 {
+        self.inner.cached_reads()
     }
 
     /// Stops the reactor: operations in flight are cancelled and drained; later ones fail

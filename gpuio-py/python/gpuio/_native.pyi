@@ -34,6 +34,8 @@ class Engine:
     ``mapped_reads``: large warm reads into GPU memory copied straight from the page cache,
     without a CPU copy (a quarter of the cores per GB, at half the bounce path's rate; beside
     a long kernel of this process a mapped load waits for it).
+    ``page_cache_read_max``: the largest read into host memory copied straight from the page
+    cache into the buffer where the cache holds it (one copy instead of two; default 16 MiB).
     Usable as a context manager (``shutdown`` on exit)."""
 
     def __init__(
@@ -57,9 +59,12 @@ class Engine:
         reactor_tick: Optional[float] = None,
         residency_aware: bool = True,
         mapped_reads: bool = False,
+        page_cache_read_max: Optional[int] = None,
     ) -> None: ...
     @property
     def mapped_reads(self) -> int: ...
+    @property
+    def cached_reads(self) -> int: ...
     def open(
         self,
         path: Union[str, os.PathLike[str]],
