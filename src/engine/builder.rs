@@ -283,8 +283,8 @@ impl EngineBuilder {
     /// Whether reads of buffered files on the io_uring and pread paths, up to
     /// [`CACHED_READ_MAX`](crate::CACHED_READ_MAX) bytes into device memory and up to
     /// [`page_cache_read_max`](Self::page_cache_read_max) into host memory, first try the page
-    /// cache on the thread that polls them (default on): a `preadv2(RWF_NOWAIT)` straight into the caller's buffer, which the
-    /// kernel serves only if the bytes are cached and it need not wait. For device memory the
+    /// cache on the thread that polls them (default on): a `preadv2(RWF_NOWAIT)` straight into
+    /// the caller's buffer, which the kernel serves only if the bytes are cached and it need not wait. For device memory the
     /// bytes go through a per-thread pageable buffer and one host-to-device copy queued on the
     /// destination's stream, which CUDA stages before the call returns. Served, the read is done
     /// in that poll: no bounce slot, no reactor, no wake-ups. Otherwise (not cached, partly cached, any error)

@@ -217,10 +217,7 @@ impl File {
         let t = &self.inner;
         let policy = &self.engine.shared().policy;
         let buffered = t.nvme.is_none() && t.dio.is_none() && t.fd.is_some();
-        let cached_max = match transfer {
-            Either::Host(_) => policy.host_cached_max,
-            _ => crate::op::cached::CACHED_READ_MAX,
-        };
+        let cached_max = policy.cached_read_max(matches!(transfer, Either::Host(_)));
         let cached = len > 0 && len <= cached_max && policy.cached_fast_path;
         #[cfg(feature = "cuda")]
         let mapped = policy.mapped_reads

@@ -26,6 +26,19 @@ pub(crate) struct OpPolicy {
     pub(crate) host_cached_max: usize,
 }
 
+impl OpPolicy {
+    /// The largest read the polling thread tries to serve from the page cache: into host
+    /// memory `host_cached_max`, into device memory (through a per-thread stage)
+    /// [`CACHED_READ_MAX`](super::cached::CACHED_READ_MAX).
+    pub(crate) fn cached_read_max(&self, into_host: bool) -> usize {
+        if into_host {
+            self.host_cached_max
+        } else {
+            super::cached::CACHED_READ_MAX
+        }
+    }
+}
+
 impl Default for OpPolicy {
     fn default() -> Self {
         OpPolicy {

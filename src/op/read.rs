@@ -190,6 +190,14 @@ impl<'a> ReadInto<'a> {
         self
     }
 
+    /// Sends what `first` has not served to the reactor: the op becomes this read's stage,
+    /// and its count will start after the bytes already served.
+    fn send_to_reactor(&mut self, first: FirstPoll<'a>) {
+        let (op, served) = first.into_op();
+        self.stage = ReadStage::Op(op);
+        self.served = served;
+    }
+
     /// Hands the device copies to `combiner` (a batch's), which queues them with the batch's
     /// other reads'. No effect for host destinations. Call before the first poll.
     #[cfg(feature = "cuda")]
@@ -216,10 +224,9 @@ impl FirstPoll<'_> {
             #[cfg(not(feature = "cuda"))]
             Either::Device(_) => return None,
         };
-        let max = match &self.transfer {
-            Either::Host(_) => engine.policy.host_cached_max,
-            _ => super::cached::CACHED_READ_MAX,
-        };
+        let max = engine
+            .policy
+            .cached_read_max(matches!(self.transfer, Either::Host(_)));
         // A large device read gets here only to be offered to the mapped reads
         // (`op::mapped`).
         if len > max || !engine.policy.cached_fast_path {
@@ -348,15 +355,11 @@ impl Future for ReadInto<'_> {
             if let Some(m) = first.start_mapped() {
                 this.stage = ReadStage::Mapped(first, m);
             } else {
-                let (op, served) = first.into_op();
-                this.stage = ReadStage::Op(op);
-                this.served = served;
+                this.send_to_reactor(first);
             }
             #[cfg(not(feature = "cuda"))]
             {
-                let (op, served) = first.into_op();
-                this.stage = ReadStage::Op(op);
-                this.served = served;
+                this.send_to_reactor(first);
             }
         }
         #[cfg(feature = "cuda")]
@@ -380,9 +383,7 @@ impl Future for ReadInto<'_> {
                         unreachable!()
                     };
                     drop(m);
-                    let (op, served) = first.into_op();
-                    this.stage = ReadStage::Op(op);
-                    this.served = served;
+                    this.send_to_reactor(first);
                 }
             }
         }
