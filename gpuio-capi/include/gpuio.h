@@ -87,6 +87,56 @@
 // `gpuio_xfer_create` operation: from the local descriptors into the remote ones.
 #define GPUIO_XFER_WRITE 1
 
+// Bytes: the largest read into host memory that the thread running it copies straight from
+// the page cache (where the page cache holds the whole range; 2 MiB per step). Default 16
+// MiB; values below 64 KiB count as 64 KiB. Larger reads take the bounce path.
+#define GPUIO_OPTION_PAGE_CACHE_READ_MAX 1
+
+// 0 or 1: large warm reads into device memory copied by the GPU straight from the page cache
+// (the range mapped and registered with the driver), about a fifth of the CPU time per GB
+// at a rate the driver caps. Default 0.
+#define GPUIO_OPTION_MAPPED_READS 2
+
+// Count, at least 1: most buffered reads copied out of the page cache at once (default:
+// sized from the machine; `gpuio_check` says what and why). Alone it also sets the per-GPU
+// cap to the same number.
+#define GPUIO_OPTION_PAGE_CACHE_COPIES 3
+
+// Count, at least 1: most page-cache copies per GPU while every open read lands in GPU
+// memory (default 14).
+#define GPUIO_OPTION_COPIES_PER_DEVICE 4
+
+// 0 or 1: small reads (and host reads up to `GPUIO_OPTION_PAGE_CACHE_READ_MAX`) first try
+// the page cache on the thread that runs them. Default 1; 0 sends every read through the
+// reactor.
+#define GPUIO_OPTION_PAGE_CACHE_FAST_PATH 5
+
+// Microseconds: the longest the reactor sleeps while I/O is in the kernel before it looks
+// again on its own (default 100; 0: until woken).
+#define GPUIO_OPTION_REACTOR_TICK_US 6
+
+// Milliseconds, at least 1: a kernel thread polls io_uring's submission queue, sleeping
+// after this long without work (`IORING_SETUP_SQPOLL`; default off: a full core while I/O
+// flows, measured slower on the hosts here).
+#define GPUIO_OPTION_SUBMISSION_POLLING_MS 7
+
+// Count: most io_uring worker threads copying buffered pieces at once, per ring (default
+// two per core; 0: the kernel's limit).
+#define GPUIO_OPTION_IOWQ_WORKERS 8
+
+// 0 or 1: `GPUIO_BACKEND_AUTO` may use cuFile in compatibility mode (without nvidia-fs) for
+// files opened `GPUIO_OPEN_DIRECT`. Default 0: measured slower than the bounce path.
+#define GPUIO_OPTION_CUFILE_COMPAT 9
+
+// Milliseconds, at least 10: how long a request may wait for bounce memory while everything
+// that holds it has stopped running, before the pool grows or the request fails with
+// `GPUIO_ERR_NO_MEMORY` (default 5 s).
+#define GPUIO_OPTION_POOL_WAIT_LIMIT_MS 10
+
+// Blocks, at most 65535: how far the bounce pool may grow while stalled requests hold it all
+// (default: as many as the pool has; 0: never grow).
+#define GPUIO_OPTION_BOUNCE_GROWTH 11
+
 // What a call did. `GPUIO_OK` is 0; every other value is a failure (or, for
 // `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request or transfer that is still running, or
 // no notification yet; for `GPUIO_ERR_RANGE`, an output buffer to enlarge), and
@@ -261,6 +311,16 @@ typedef struct gpuio_engine_settings {
   // set it keep working.
   uint64_t lease_min;
 } gpuio_engine_settings;
+
+// One engine option: a `GPUIO_OPTION_*` key and its value. `reserved` must be 0.
+typedef struct gpuio_engine_option {
+  // Which setting: a `GPUIO_OPTION_*` value.
+  uint32_t key;
+  // Must be 0 (room for per-option flags).
+  uint32_t reserved;
+  // The setting's value; each key says its unit.
+  uint64_t value;
+} gpuio_engine_option;
 
 // What an engine created with given settings runs with on this machine
 // (filled by `gpuio_engine_sizing`).
@@ -478,6 +538,21 @@ enum gpuio_status gpuio_read_batch_async(const struct gpuio_batch_desc *descs,
 // error) or points to writable storage for one pointer.
 enum gpuio_status gpuio_engine_create(const struct gpuio_engine_settings *settings,
                                       struct gpuio_engine **out);
+
+// `gpuio_engine_create` with settings beyond `gpuio_engine_settings`: `n_options` entries of
+// `options`, each a `GPUIO_OPTION_*` key and its value (NULL with 0: none, which is
+// `gpuio_engine_create`). Each key at most once. An unknown key (a program built against a
+// newer header), a nonzero `reserved` or a value out of its key's range is
+// `GPUIO_ERR_INVALID`, naming the entry, and no engine is made.
+//
+// # Safety
+// `settings` is NULL or points to a readable `gpuio_engine_settings`; `options` is NULL with
+// `n_options` 0, or points to `n_options` readable `gpuio_engine_option`s; `out` is NULL (an
+// error) or points to writable storage for one pointer.
+enum gpuio_status gpuio_engine_create_with_options(const struct gpuio_engine_settings *settings,
+                                                   const struct gpuio_engine_option *options,
+                                                   size_t n_options,
+                                                   struct gpuio_engine **out);
 
 // Frees an engine. **Requests still running are cancelled**: each completes with
 // `GPUIO_ERR_CANCELED` (its callback runs, its eventfd signal is sent) and, by the time this

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::executor::{Executor, on_executor};
+use crate::options::{self, gpuio_engine_option};
 use crate::registry::Registry;
 use crate::request::RequestState;
 use crate::status::{Failure, gpuio_status, guard};
@@ -175,6 +176,27 @@ pub unsafe extern "C" fn gpuio_engine_create(
     settings: *const gpuio_engine_settings,
     out: *mut *mut gpuio_engine,
 ) -> gpuio_status {
+    // SAFETY: forwarded from this function's contract; no options.
+    unsafe { gpuio_engine_create_with_options(settings, std::ptr::null(), 0, out) }
+}
+
+/// `gpuio_engine_create` with settings beyond `gpuio_engine_settings`: `n_options` entries of
+/// `options`, each a `GPUIO_OPTION_*` key and its value (NULL with 0: none, which is
+/// `gpuio_engine_create`). Each key at most once. An unknown key (a program built against a
+/// newer header), a nonzero `reserved` or a value out of its key's range is
+/// `GPUIO_ERR_INVALID`, naming the entry, and no engine is made.
+///
+/// # Safety
+/// `settings` is NULL or points to a readable `gpuio_engine_settings`; `options` is NULL with
+/// `n_options` 0, or points to `n_options` readable `gpuio_engine_option`s; `out` is NULL (an
+/// error) or points to writable storage for one pointer.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpuio_engine_create_with_options(
+    settings: *const gpuio_engine_settings,
+    options: *const gpuio_engine_option,
+    n_options: usize,
+    out: *mut *mut gpuio_engine,
+) -> gpuio_status {
     guard(|| {
         if out.is_null() {
             return Err(Failure::invalid(
@@ -184,7 +206,9 @@ pub unsafe extern "C" fn gpuio_engine_create(
         // SAFETY: the caller passes NULL or a readable settings struct; every bit pattern of
         // its integer fields is a valid value.
         let settings = unsafe { settings.as_ref() }.copied().unwrap_or_default();
-        let engine = builder(&settings)?.build()?;
+        // SAFETY: forwarded from this function's contract.
+        let options = unsafe { options::slice(options, n_options, "gpuio_engine_create") }?;
+        let engine = options::apply(builder(&settings)?, options)?.build()?;
         let threads = match settings.executor_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n as usize,

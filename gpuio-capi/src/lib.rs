@@ -64,6 +64,7 @@ pub mod engine;
 mod executor;
 pub mod file;
 pub mod memory;
+pub mod options;
 mod registry;
 pub mod request;
 pub mod status;

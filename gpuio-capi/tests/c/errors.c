@@ -60,6 +60,37 @@ int main(int argc, char **argv) {
     EXPECT_ERR(gpuio_engine_create(&s, &engine), GPUIO_ERR_INVALID,
                "pread_threads 4294967295 is more than");
     EXPECT(engine == NULL);
+    /* Options: each bad entry refused by name, and no engine made. */
+    gpuio_engine_option opts[2];
+    memset(opts, 0, sizeof opts);
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, NULL, 1, &engine), GPUIO_ERR_INVALID,
+               "options is a null pointer with a count of 1");
+    opts[0].key = 999;
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 1, &engine), GPUIO_ERR_INVALID,
+               "options[0].key 999 is not a GPUIO_OPTION_*");
+    opts[0].key = GPUIO_OPTION_MAPPED_READS;
+    opts[0].value = 2;
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 1, &engine), GPUIO_ERR_INVALID,
+               "(GPUIO_OPTION_MAPPED_READS): value 2, want 0 or 1");
+    opts[0].value = 1;
+    opts[0].reserved = 7;
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 1, &engine), GPUIO_ERR_INVALID,
+               "reserved is 7, must be 0");
+    opts[0].reserved = 0;
+    opts[1] = opts[0];
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 2, &engine), GPUIO_ERR_INVALID,
+               "options[1]: GPUIO_OPTION_MAPPED_READS is given twice");
+    opts[1].key = GPUIO_OPTION_POOL_WAIT_LIMIT_MS;
+    opts[1].value = 5;
+    EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 2, &engine), GPUIO_ERR_INVALID,
+               "options[1] (GPUIO_OPTION_POOL_WAIT_LIMIT_MS): value 5, want 10..=");
+    /* Options and settings together: the settings' own checks still run. */
+    memset(&s, 0, sizeof s);
+    s.chunk_size = 1000;
+    opts[1].value = 50;
+    EXPECT_ERR(gpuio_engine_create_with_options(&s, opts, 2, &engine), GPUIO_ERR_INVALID,
+               "chunk size 1000");
+    EXPECT(engine == NULL);
     CHECK(gpuio_engine_create(NULL, &engine));
 
     /* Opening. */

@@ -1,0 +1,263 @@
+//! Engine options beyond `gpuio_engine_settings`: a list of `{key, value}` pairs passed to
+//! `gpuio_engine_create_with_options`.
+//!
+//! Why a list and not more fields: `gpuio_engine_settings` is part of the ABI (callers
+//! allocate it, so a field added at its end would be read past the end of an older caller's
+//! struct). A key the library does not know is refused by name, so a program built against a
+//! newer header fails clearly on an older library instead of silently running without the
+//! setting, and new settings never change a struct's size (the pattern of CUDA's launch
+//! attributes and UCX's field masks).
+
+use std::time::Duration;
+
+use crate::status::Failure;
+
+/// One engine option: a `GPUIO_OPTION_*` key and its value. `reserved` must be 0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct gpuio_engine_option {
+    /// Which setting: a `GPUIO_OPTION_*` value.
+    pub key: u32,
+    /// Must be 0 (room for per-option flags).
+    pub reserved: u32,
+    /// The setting's value; each key says its unit.
+    pub value: u64,
+}
+
+/// Bytes: the largest read into host memory that the thread running it copies straight from
+/// the page cache (where the page cache holds the whole range; 2 MiB per step). Default 16
+/// MiB; values below 64 KiB count as 64 KiB. Larger reads take the bounce path.
+pub const GPUIO_OPTION_PAGE_CACHE_READ_MAX: u32 = 1;
+/// 0 or 1: large warm reads into device memory copied by the GPU straight from the page cache
+/// (the range mapped and registered with the driver), about a fifth of the CPU time per GB
+/// at a rate the driver caps. Default 0.
+pub const GPUIO_OPTION_MAPPED_READS: u32 = 2;
+/// Count, at least 1: most buffered reads copied out of the page cache at once (default:
+/// sized from the machine; `gpuio_check` says what and why). Alone it also sets the per-GPU
+/// cap to the same number.
+pub const GPUIO_OPTION_PAGE_CACHE_COPIES: u32 = 3;
+/// Count, at least 1: most page-cache copies per GPU while every open read lands in GPU
+/// memory (default 14).
+pub const GPUIO_OPTION_COPIES_PER_DEVICE: u32 = 4;
+/// 0 or 1: small reads (and host reads up to `GPUIO_OPTION_PAGE_CACHE_READ_MAX`) first try
+/// the page cache on the thread that runs them. Default 1; 0 sends every read through the
+/// reactor.
+pub const GPUIO_OPTION_PAGE_CACHE_FAST_PATH: u32 = 5;
+/// Microseconds: the longest the reactor sleeps while I/O is in the kernel before it looks
+/// again on its own (default 100; 0: until woken).
+pub const GPUIO_OPTION_REACTOR_TICK_US: u32 = 6;
+/// Milliseconds, at least 1: a kernel thread polls io_uring's submission queue, sleeping
+/// after this long without work (`IORING_SETUP_SQPOLL`; default off: a full core while I/O
+/// flows, measured slower on the hosts here).
+pub const GPUIO_OPTION_SUBMISSION_POLLING_MS: u32 = 7;
+/// Count: most io_uring worker threads copying buffered pieces at once, per ring (default
+/// two per core; 0: the kernel's limit).
+pub const GPUIO_OPTION_IOWQ_WORKERS: u32 = 8;
+/// 0 or 1: `GPUIO_BACKEND_AUTO` may use cuFile in compatibility mode (without nvidia-fs) for
+/// files opened `GPUIO_OPEN_DIRECT`. Default 0: measured slower than the bounce path.
+pub const GPUIO_OPTION_CUFILE_COMPAT: u32 = 9;
+/// Milliseconds, at least 10: how long a request may wait for bounce memory while everything
+/// that holds it has stopped running, before the pool grows or the request fails with
+/// `GPUIO_ERR_NO_MEMORY` (default 5 s).
+pub const GPUIO_OPTION_POOL_WAIT_LIMIT_MS: u32 = 10;
+/// Blocks, at most 65535: how far the bounce pool may grow while stalled requests hold it all
+/// (default: as many as the pool has; 0: never grow).
+pub const GPUIO_OPTION_BOUNCE_GROWTH: u32 = 11;
+
+/// Every key with its name (for messages and for checking that none is given twice).
+const KEYS: [(u32, &str); 11] = [
+    (
+        GPUIO_OPTION_PAGE_CACHE_READ_MAX,
+        "GPUIO_OPTION_PAGE_CACHE_READ_MAX",
+    ),
+    (GPUIO_OPTION_MAPPED_READS, "GPUIO_OPTION_MAPPED_READS"),
+    (
+        GPUIO_OPTION_PAGE_CACHE_COPIES,
+        "GPUIO_OPTION_PAGE_CACHE_COPIES",
+    ),
+    (
+        GPUIO_OPTION_COPIES_PER_DEVICE,
+        "GPUIO_OPTION_COPIES_PER_DEVICE",
+    ),
+    (
+        GPUIO_OPTION_PAGE_CACHE_FAST_PATH,
+        "GPUIO_OPTION_PAGE_CACHE_FAST_PATH",
+    ),
+    (GPUIO_OPTION_REACTOR_TICK_US, "GPUIO_OPTION_REACTOR_TICK_US"),
+    (
+        GPUIO_OPTION_SUBMISSION_POLLING_MS,
+        "GPUIO_OPTION_SUBMISSION_POLLING_MS",
+    ),
+    (GPUIO_OPTION_IOWQ_WORKERS, "GPUIO_OPTION_IOWQ_WORKERS"),
+    (GPUIO_OPTION_CUFILE_COMPAT, "GPUIO_OPTION_CUFILE_COMPAT"),
+    (
+        GPUIO_OPTION_POOL_WAIT_LIMIT_MS,
+        "GPUIO_OPTION_POOL_WAIT_LIMIT_MS",
+    ),
+    (GPUIO_OPTION_BOUNCE_GROWTH, "GPUIO_OPTION_BOUNCE_GROWTH"),
+];
+
+/// Most page-cache copies an option may ask for: each is a concurrent CPU copy; past this a
+/// value is a mistake, not a setting.
+const MAX_COPIES: u64 = 4096;
+
+/// Applies `options` to `b`, in order. Each key at most once; an unknown key, a nonzero
+/// `reserved` or a value out of its range is `GPUIO_ERR_INVALID` naming the option.
+pub(crate) fn apply(
+    mut b: gpuio::EngineBuilder,
+    options: &[gpuio_engine_option],
+) -> Result<gpuio::EngineBuilder, Failure> {
+    let mut seen = [false; KEYS.len()];
+    for (i, o) in options.iter().enumerate() {
+        let Some(k) = KEYS.iter().position(|&(key, _)| key == o.key) else {
+            return Err(Failure::invalid(format!(
+                "options[{i}].key {} is not a GPUIO_OPTION_* this library knows",
+                o.key
+            )));
+        };
+        let name = KEYS[k].1;
+        if std::mem::replace(&mut seen[k], true) {
+            return Err(Failure::invalid(format!(
+                "options[{i}]: {name} is given twice"
+            )));
+        }
+        if o.reserved != 0 {
+            return Err(Failure::invalid(format!(
+                "options[{i}] ({name}): reserved is {}, must be 0",
+                o.reserved
+            )));
+        }
+        let v = o.value;
+        let bad =
+            |want: &str| Failure::invalid(format!("options[{i}] ({name}): value {v}, want {want}"));
+        let flag = || match v {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(bad("0 or 1")),
+        };
+        let count = |lo: u64, hi: u64| {
+            if (lo..=hi).contains(&v) {
+                Ok(v as usize)
+            } else {
+                Err(bad(&format!("{lo}..={hi}")))
+            }
+        };
+        b = match o.key {
+            GPUIO_OPTION_PAGE_CACHE_READ_MAX => {
+                b.page_cache_read_max(usize::try_from(v).map_err(|_| bad("a size in bytes"))?)
+            }
+            GPUIO_OPTION_MAPPED_READS => b.mapped_reads(flag()?),
+            GPUIO_OPTION_PAGE_CACHE_COPIES => b.page_cache_copies(count(1, MAX_COPIES)?),
+            GPUIO_OPTION_COPIES_PER_DEVICE => b.copies_per_device(count(1, MAX_COPIES)?),
+            GPUIO_OPTION_PAGE_CACHE_FAST_PATH => b.page_cache_fast_path(flag()?),
+            GPUIO_OPTION_REACTOR_TICK_US => {
+                b.reactor_tick(Duration::from_micros(count(0, 1_000_000)? as u64))
+            }
+            GPUIO_OPTION_SUBMISSION_POLLING_MS => {
+                b.submission_polling(Duration::from_millis(count(1, 60_000)? as u64))
+            }
+            GPUIO_OPTION_IOWQ_WORKERS => b.iowq_workers(count(0, u32::MAX.into())? as u32),
+            GPUIO_OPTION_CUFILE_COMPAT => b.cufile_compat(flag()?),
+            GPUIO_OPTION_POOL_WAIT_LIMIT_MS => {
+                b.pool_wait_limit(Duration::from_millis(count(10, 86_400_000)? as u64))
+            }
+            GPUIO_OPTION_BOUNCE_GROWTH => b.bounce_growth(count(0, u16::MAX.into())?),
+            _ => unreachable!("every key in KEYS has an arm"),
+        };
+    }
+    Ok(b)
+}
+
+/// Reads `n` options at `options` (NULL with `n` 0: none).
+///
+/// # Safety
+/// `options` is NULL with `n` 0, or points to `n` readable `gpuio_engine_option`s.
+pub(crate) unsafe fn slice<'a>(
+    options: *const gpuio_engine_option,
+    n: usize,
+    what: &str,
+) -> Result<&'a [gpuio_engine_option], Failure> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if options.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what}: options is a null pointer with a count of {n}"
+        )));
+    }
+    if !options.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{what}: options is not aligned for gpuio_engine_option"
+        )));
+    }
+    // SAFETY: non-null and aligned (checked), `n` readable elements (this function's
+    // contract); every bit pattern of the struct's integer fields is a valid value.
+    Ok(unsafe { std::slice::from_raw_parts(options, n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opt(key: u32, value: u64) -> gpuio_engine_option {
+        gpuio_engine_option {
+            key,
+            reserved: 0,
+            value,
+        }
+    }
+
+    fn refused(options: &[gpuio_engine_option]) -> String {
+        match apply(gpuio::Engine::builder(), options) {
+            Ok(_) => panic!("{options:?} was accepted"),
+            Err(f) => f.message,
+        }
+    }
+
+    #[test]
+    fn every_key_is_named_once_and_has_an_arm() {
+        for (i, &(key, name)) in KEYS.iter().enumerate() {
+            assert_eq!(KEYS.iter().filter(|k| k.0 == key).count(), 1, "{name}");
+            assert_eq!(key as usize, i + 1, "{name}: keys are numbered in order");
+        }
+        // A value every key takes: each arm runs, none reaches `unreachable!`.
+        let all: Vec<_> = KEYS
+            .iter()
+            .map(|&(key, _)| {
+                let v = match key {
+                    GPUIO_OPTION_POOL_WAIT_LIMIT_MS => 10,
+                    GPUIO_OPTION_PAGE_CACHE_READ_MAX => 1 << 20,
+                    _ => 1,
+                };
+                opt(key, v)
+            })
+            .collect();
+        assert!(apply(gpuio::Engine::builder(), &all).is_ok());
+    }
+
+    #[test]
+    fn bad_options_are_refused_by_name() {
+        assert!(refused(&[opt(0, 1)]).contains("options[0].key 0"));
+        assert!(refused(&[opt(99, 1)]).contains("99"));
+        let twice = refused(&[
+            opt(GPUIO_OPTION_MAPPED_READS, 1),
+            opt(GPUIO_OPTION_MAPPED_READS, 0),
+        ]);
+        assert!(
+            twice.contains("options[1]: GPUIO_OPTION_MAPPED_READS is given twice"),
+            "{twice}"
+        );
+        let reserved = refused(&[gpuio_engine_option {
+            key: GPUIO_OPTION_MAPPED_READS,
+            reserved: 3,
+            value: 1,
+        }]);
+        assert!(reserved.contains("reserved is 3"), "{reserved}");
+        let flag = refused(&[opt(GPUIO_OPTION_PAGE_CACHE_FAST_PATH, 2)]);
+        assert!(flag.contains("want 0 or 1"), "{flag}");
+        assert!(refused(&[opt(GPUIO_OPTION_PAGE_CACHE_COPIES, 0)]).contains("want 1..=4096"));
+        assert!(refused(&[opt(GPUIO_OPTION_POOL_WAIT_LIMIT_MS, 9)]).contains("want 10..="));
+        assert!(refused(&[opt(GPUIO_OPTION_BOUNCE_GROWTH, 70_000)]).contains("0..=65535"));
+        assert!(refused(&[opt(GPUIO_OPTION_SUBMISSION_POLLING_MS, 0)]).contains("1..=60000"));
+    }
+}
