@@ -161,6 +161,8 @@ fn bad_engine_settings() {
         gpuio::Engine::builder().chunk_size(0),
         gpuio::Engine::builder().queue_depth(0),
         gpuio::Engine::builder().bounce_slots(0),
+        gpuio::Engine::builder().page_cache_copies(0),
+        gpuio::Engine::builder().copies_per_device(0),
     ] {
         let e = b.build().unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");

@@ -115,7 +115,7 @@
 // again on its own (default 100; 0: until woken).
 #define GPUIO_OPTION_REACTOR_TICK_US 6
 
-// Milliseconds, at least 1: a kernel thread polls io_uring's submission queue, sleeping
+// Milliseconds (0 counts as 1): a kernel thread polls io_uring's submission queue, sleeping
 // after this long without work (`IORING_SETUP_SQPOLL`; default off: a full core while I/O
 // flows, measured slower on the hosts here).
 #define GPUIO_OPTION_SUBMISSION_POLLING_MS 7

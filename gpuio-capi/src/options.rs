@@ -46,7 +46,7 @@ pub const GPUIO_OPTION_PAGE_CACHE_FAST_PATH: u32 = 5;
 /// Microseconds: the longest the reactor sleeps while I/O is in the kernel before it looks
 /// again on its own (default 100; 0: until woken).
 pub const GPUIO_OPTION_REACTOR_TICK_US: u32 = 6;
-/// Milliseconds, at least 1: a kernel thread polls io_uring's submission queue, sleeping
+/// Milliseconds (0 counts as 1): a kernel thread polls io_uring's submission queue, sleeping
 /// after this long without work (`IORING_SETUP_SQPOLL`; default off: a full core while I/O
 /// flows, measured slower on the hosts here).
 pub const GPUIO_OPTION_SUBMISSION_POLLING_MS: u32 = 7;
@@ -97,10 +97,6 @@ const KEYS: [(u32, &str); 11] = [
     (GPUIO_OPTION_BOUNCE_GROWTH, "GPUIO_OPTION_BOUNCE_GROWTH"),
 ];
 
-/// Most page-cache copies an option may ask for: each is a concurrent CPU copy; past this a
-/// value is a mistake, not a setting.
-const MAX_COPIES: u64 = 4096;
-
 /// Applies `options` to `b`, in order. Each key at most once; an unknown key, a nonzero
 /// `reserved` or a value out of its range is `GPUIO_ERR_INVALID` naming the option.
 pub(crate) fn apply(
@@ -135,33 +131,25 @@ pub(crate) fn apply(
             1 => Ok(true),
             _ => Err(bad("0 or 1")),
         };
-        let count = |lo: u64, hi: u64| {
-            if (lo..=hi).contains(&v) {
-                Ok(v as usize)
-            } else {
-                Err(bad(&format!("{lo}..={hi}")))
-            }
-        };
+        // Ranges are the library's to check (`EngineBuilder::build` names the setting); here
+        // only what the value's C type cannot say: a flag's two values, a count that fits.
+        let count = || usize::try_from(v).map_err(|_| bad("a count or size this machine holds"));
         b = match o.key {
-            GPUIO_OPTION_PAGE_CACHE_READ_MAX => {
-                b.page_cache_read_max(usize::try_from(v).map_err(|_| bad("a size in bytes"))?)
-            }
+            GPUIO_OPTION_PAGE_CACHE_READ_MAX => b.page_cache_read_max(count()?),
             GPUIO_OPTION_MAPPED_READS => b.mapped_reads(flag()?),
-            GPUIO_OPTION_PAGE_CACHE_COPIES => b.page_cache_copies(count(1, MAX_COPIES)?),
-            GPUIO_OPTION_COPIES_PER_DEVICE => b.copies_per_device(count(1, MAX_COPIES)?),
+            GPUIO_OPTION_PAGE_CACHE_COPIES => b.page_cache_copies(count()?),
+            GPUIO_OPTION_COPIES_PER_DEVICE => b.copies_per_device(count()?),
             GPUIO_OPTION_PAGE_CACHE_FAST_PATH => b.page_cache_fast_path(flag()?),
-            GPUIO_OPTION_REACTOR_TICK_US => {
-                b.reactor_tick(Duration::from_micros(count(0, 1_000_000)? as u64))
-            }
+            GPUIO_OPTION_REACTOR_TICK_US => b.reactor_tick(Duration::from_micros(v)),
             GPUIO_OPTION_SUBMISSION_POLLING_MS => {
-                b.submission_polling(Duration::from_millis(count(1, 60_000)? as u64))
+                b.submission_polling(Duration::from_millis(v.max(1)))
             }
-            GPUIO_OPTION_IOWQ_WORKERS => b.iowq_workers(count(0, u32::MAX.into())? as u32),
+            GPUIO_OPTION_IOWQ_WORKERS => {
+                b.iowq_workers(u32::try_from(v).map_err(|_| bad("at most 4294967295"))?)
+            }
             GPUIO_OPTION_CUFILE_COMPAT => b.cufile_compat(flag()?),
-            GPUIO_OPTION_POOL_WAIT_LIMIT_MS => {
-                b.pool_wait_limit(Duration::from_millis(count(10, 86_400_000)? as u64))
-            }
-            GPUIO_OPTION_BOUNCE_GROWTH => b.bounce_growth(count(0, u16::MAX.into())?),
+            GPUIO_OPTION_POOL_WAIT_LIMIT_MS => b.pool_wait_limit(Duration::from_millis(v)),
+            GPUIO_OPTION_BOUNCE_GROWTH => b.bounce_growth(count()?),
             _ => unreachable!("every key in KEYS has an arm"),
         };
     }
@@ -255,9 +243,30 @@ mod tests {
         assert!(reserved.contains("reserved is 3"), "{reserved}");
         let flag = refused(&[opt(GPUIO_OPTION_PAGE_CACHE_FAST_PATH, 2)]);
         assert!(flag.contains("want 0 or 1"), "{flag}");
-        assert!(refused(&[opt(GPUIO_OPTION_PAGE_CACHE_COPIES, 0)]).contains("want 1..=4096"));
-        assert!(refused(&[opt(GPUIO_OPTION_POOL_WAIT_LIMIT_MS, 9)]).contains("want 10..="));
-        assert!(refused(&[opt(GPUIO_OPTION_BOUNCE_GROWTH, 70_000)]).contains("0..=65535"));
-        assert!(refused(&[opt(GPUIO_OPTION_SUBMISSION_POLLING_MS, 0)]).contains("1..=60000"));
+        let workers = refused(&[opt(GPUIO_OPTION_IOWQ_WORKERS, 1 << 40)]);
+        assert!(workers.contains("at most 4294967295"), "{workers}");
+    }
+
+    /// Values the C types allow but the library refuses fail at build, named by the library.
+    #[test]
+    fn out_of_range_values_are_refused_when_the_engine_is_built() {
+        for (o, says) in [
+            (
+                opt(GPUIO_OPTION_PAGE_CACHE_COPIES, 0),
+                "page_cache_copies 0",
+            ),
+            (
+                opt(GPUIO_OPTION_COPIES_PER_DEVICE, 0),
+                "copies_per_device 0",
+            ),
+            (opt(GPUIO_OPTION_POOL_WAIT_LIMIT_MS, 9), "below 10 ms"),
+            (opt(GPUIO_OPTION_BOUNCE_GROWTH, 70_000), "bounce growth"),
+        ] {
+            let b = apply(gpuio::Engine::builder(), &[o]).expect("the C types allow it");
+            match b.build() {
+                Ok(_) => panic!("{o:?} built an engine"),
+                Err(e) => assert!(e.to_string().contains(says), "{o:?}: {e}"),
+            }
+        }
     }
 }

@@ -18,9 +18,13 @@ use crate::runner::{block, spawn};
 /// ``gpuio.check()`` shows): ``backend`` ("auto", "uring", "pread", "gds"), ``chunk_size``,
 /// ``buffered_chunk_size``, ``direct_chunk_size``, ``queue_depth``, ``iowq_workers``,
 /// ``page_cache_copies`` (most buffered reads copied out of the page cache at once),
+/// ``copies_per_device`` (most of them per GPU while every read lands in GPU memory),
 /// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
-/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``residency_aware`` (default True:
+/// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``submission_polling`` (SQPOLL's idle
+/// time; default off), ``page_cache_fast_path`` (default True: small reads first try the page
+/// cache on the polling thread), ``mapped_reads``, ``page_cache_read_max``,
+/// ``residency_aware`` (default True:
 /// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
 /// False sends everything through the page cache). Bad settings raise ``gpuio.InvalidInput``. A context manager: leaving it shuts the engine down.
 #[pyclass(frozen, module = "gpuio._native")]
@@ -38,10 +42,10 @@ impl Engine {
     #[new]
     #[pyo3(signature = (*, backend = "auto", chunk_size = None, buffered_chunk_size = None,
         direct_chunk_size = None, queue_depth = None, iowq_workers = None,
-        page_cache_copies = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
+        page_cache_copies = None, copies_per_device = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
         reactor_spin = None, reactor_tick = None, residency_aware = true, mapped_reads = false,
-        page_cache_read_max = None))]
+        page_cache_read_max = None, page_cache_fast_path = true, submission_polling = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -52,6 +56,7 @@ impl Engine {
         queue_depth: Option<i128>,
         iowq_workers: Option<i128>,
         page_cache_copies: Option<i128>,
+        copies_per_device: Option<i128>,
         bounce_slots: Option<i128>,
         bounce_growth: Option<i128>,
         pool_wait_limit: Option<f64>,
@@ -64,6 +69,8 @@ impl Engine {
         residency_aware: bool,
         mapped_reads: bool,
         page_cache_read_max: Option<i128>,
+        page_cache_fast_path: bool,
+        submission_polling: Option<f64>,
     ) -> PyResult<Self> {
         let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
         let buffered_chunk_size: Option<usize> =
@@ -74,6 +81,8 @@ impl Engine {
         let iowq_workers: Option<u32> = opt_int_arg(py, "iowq_workers", iowq_workers)?;
         let page_cache_copies: Option<usize> =
             opt_int_arg(py, "page_cache_copies", page_cache_copies)?;
+        let copies_per_device: Option<usize> =
+            opt_int_arg(py, "copies_per_device", copies_per_device)?;
         let bounce_slots: Option<usize> = opt_int_arg(py, "bounce_slots", bounce_slots)?;
         let bounce_growth: Option<usize> = opt_int_arg(py, "bounce_growth", bounce_growth)?;
         let pread_threads: Option<usize> = opt_int_arg(py, "pread_threads", pread_threads)?;
@@ -87,7 +96,8 @@ impl Engine {
             .spdk_memory(spdk_memory)
             .cufile_compat(cufile_compat)
             .residency_aware(residency_aware)
-            .mapped_reads(mapped_reads);
+            .mapped_reads(mapped_reads)
+            .page_cache_fast_path(page_cache_fast_path);
         if let Some(v) = chunk_size {
             b = b.chunk_size(v);
         }
@@ -103,15 +113,12 @@ impl Engine {
         if let Some(v) = iowq_workers {
             b = b.iowq_workers(v);
         }
-        match page_cache_copies {
-            Some(0) => {
-                return Err(crate::errors::invalid(
-                    py,
-                    "page_cache_copies: 0 (want at least 1, or None for the default)",
-                ));
-            }
-            Some(v) => b = b.page_cache_copies(v),
-            None => {}
+        // Zero is the library's to refuse (`EngineBuilder::build`), as for every binding.
+        if let Some(v) = page_cache_copies {
+            b = b.page_cache_copies(v);
+        }
+        if let Some(v) = copies_per_device {
+            b = b.copies_per_device(v);
         }
         if let Some(v) = bounce_slots {
             b = b.bounce_slots(v);
@@ -144,6 +151,9 @@ impl Engine {
         }
         if let Some(v) = reactor_tick {
             b = b.reactor_tick(seconds(v, "reactor_tick")?);
+        }
+        if let Some(v) = submission_polling {
+            b = b.submission_polling(seconds(v, "submission_polling")?);
         }
         let inner = crate::exit::detach(py, || b.build()).map_err(to_py)?;
         Ok(Engine { inner })

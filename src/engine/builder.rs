@@ -135,7 +135,8 @@ impl EngineBuilder {
 
     /// Most buffered reads copied out of the page cache at once (pieces the reactor hands to
     /// io_uring's workers; default: sized from the machine, see `gpuio check`). Each is a CPU
-    /// copy: more of them than the memory's bandwidth feeds only slow each other down.
+    /// copy: more of them than the memory's bandwidth feeds only slow each other down. At
+    /// least 1: [`build`](Self::build) refuses 0.
     pub fn page_cache_copies(mut self, n: usize) -> Self {
         self.page_cache_copies = Some(n);
         self
@@ -144,7 +145,7 @@ impl EngineBuilder {
     /// Most page-cache copies per GPU while every open read lands in GPU memory (default:
     /// [`COPIES_PER_DEVICE`](crate::plan::sizing::COPIES_PER_DEVICE), within
     /// [`page_cache_copies`](Self::page_cache_copies)). Setting `page_cache_copies` alone sets
-    /// this to the same number: the cap is then exactly what was asked.
+    /// this to the same number: the cap is then exactly what was asked. At least 1.
     pub fn copies_per_device(mut self, n: usize) -> Self {
         self.copies_per_device = Some(n);
         self
@@ -430,6 +431,19 @@ impl EngineBuilder {
             && !(1..=u16::MAX as usize).contains(&n)
         {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
+        }
+        // Zero copies at once would stall every buffered read (the sizing used to raise it to
+        // one without a word); a setting that cannot be meant is refused by name.
+        for (n, what) in [
+            (self.page_cache_copies, "page_cache_copies"),
+            (self.copies_per_device, "copies_per_device"),
+        ] {
+            if n == Some(0) {
+                return Err(Error::invalid(
+                    ctx(),
+                    format!("{what} 0: want at least 1 (or leave it unset for the default)"),
+                ));
+            }
         }
         let sizing = self.sizing();
         let block = sizing.block();

@@ -48,6 +48,7 @@ class Engine:
         queue_depth: Optional[int] = None,
         iowq_workers: Optional[int] = None,
         page_cache_copies: Optional[int] = None,
+        copies_per_device: Optional[int] = None,
         bounce_slots: Optional[int] = None,
         bounce_growth: Optional[int] = None,
         pool_wait_limit: Optional[float] = None,
@@ -60,6 +61,8 @@ class Engine:
         residency_aware: bool = True,
         mapped_reads: bool = False,
         page_cache_read_max: Optional[int] = None,
+        page_cache_fast_path: bool = True,
+        submission_polling: Optional[float] = None,
     ) -> None: ...
     @property
     def mapped_reads(self) -> int: ...
