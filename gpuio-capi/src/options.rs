@@ -156,6 +156,9 @@ pub(crate) fn apply(
     Ok(b)
 }
 
+/// Longest option list accepted: far more than there are keys, which each come once.
+const MAX_OPTIONS: usize = 1024;
+
 /// Reads `n` options at `options` (NULL with `n` 0: none).
 ///
 /// # Safety
@@ -173,13 +176,21 @@ pub(crate) unsafe fn slice<'a>(
             "{what}: options is a null pointer with a count of {n}"
         )));
     }
+    if n > MAX_OPTIONS {
+        // Each key may come once, so a longer list is a wrong count, not a setting: refused
+        // before anything is read (and before `from_raw_parts`'s size limit could matter).
+        return Err(Failure::invalid(format!(
+            "{what}: n_options {n} is more than the {MAX_OPTIONS} entries a list may have"
+        )));
+    }
     if !options.is_aligned() {
         return Err(Failure::invalid(format!(
             "{what}: options is not aligned for gpuio_engine_option"
         )));
     }
     // SAFETY: non-null and aligned (checked), `n` readable elements (this function's
-    // contract); every bit pattern of the struct's integer fields is a valid value.
+    // contract), and `n` is small enough that their size is far below `isize::MAX`; every bit
+    // pattern of the struct's integer fields is a valid value.
     Ok(unsafe { std::slice::from_raw_parts(options, n) })
 }
 
