@@ -7,7 +7,7 @@ use std::sync::mpsc::{channel, sync_channel};
 use super::{
     Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner,
 };
-use crate::buf::arena::{BounceArena, MIN_SLOT};
+use crate::buf::arena::BounceArena;
 use crate::error::{Context, Error, OpKind, Result};
 use crate::lane::Lane;
 use crate::lane::doorbell::Doorbell;
@@ -18,6 +18,9 @@ use crate::plan::sizing::{Machine, Sizing};
 use crate::reactor::{Reactor, ReactorConfig};
 use crate::target::GdsMode;
 use crate::uring::{UringLane, UringOptions};
+
+mod check;
+use check::Checked;
 
 /// Most pread worker threads an engine starts ([`EngineBuilder::pread_threads`]). Each serves
 /// one I/O at a time and costs a stack; thousands only contend, and the cap turns a mistyped
@@ -399,76 +402,12 @@ impl EngineBuilder {
     /// Starts the reactor thread.
     pub fn build(self) -> Result<Engine> {
         let ctx = || Context::op(OpKind::Setup);
-        for chunk in [self.buffered_chunk, self.direct_chunk]
-            .into_iter()
-            .flatten()
-        {
-            if chunk < MIN_SLOT || chunk % MIN_SLOT != 0 || chunk > 1 << 30 {
-                return Err(Error::invalid(
-                    ctx(),
-                    format!(
-                        "chunk size {chunk} must be a multiple of 4096 between 4 KiB and 1 GiB"
-                    ),
-                ));
-            }
-        }
-        if let Some(q) = self.queue_depth
-            && !(1..=32768).contains(&q)
-        {
-            return Err(Error::invalid(ctx(), "queue depth must be 1..=32768"));
-        }
-        if let Some(n) = self.pread_threads
-            && !(1..=MAX_PREAD_THREADS).contains(&n)
-        {
-            // Each is an OS thread with its own stack: a mistyped count fails later with a
-            // bare EAGAIN from the thread limit, naming nothing.
-            return Err(Error::invalid(
-                ctx(),
-                format!("pread_threads {n}: want 1..={MAX_PREAD_THREADS}"),
-            ));
-        }
-        if let Some(n) = self.bounce_slots
-            && !(1..=u16::MAX as usize).contains(&n)
-        {
-            return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
-        }
-        // Zero copies at once would stall every buffered read (the sizing used to raise it to
-        // one without a word); a setting that cannot be meant is refused by name.
-        for (n, what) in [
-            (self.page_cache_copies, "page_cache_copies"),
-            (self.copies_per_device, "copies_per_device"),
-        ] {
-            if n == Some(0) {
-                return Err(Error::invalid(
-                    ctx(),
-                    format!("{what} 0: want at least 1 (or leave it unset for the default)"),
-                ));
-            }
-        }
-        let sizing = self.sizing();
-        let block = sizing.block();
-        let slots = sizing.bounce_bytes / block;
-        if !(1..=u16::MAX as usize).contains(&slots) {
-            return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
-        }
-        if self.pool_wait_limit < std::time::Duration::from_millis(10) {
-            // Growth comes after a tenth of the limit: below a millisecond, ordinary waits
-            // for live futures would grow the pool and then fail requests.
-            return Err(Error::invalid(
-                ctx(),
-                format!(
-                    "pool wait limit {:?} is below 10 ms: live futures would be taken for leaks",
-                    self.pool_wait_limit
-                ),
-            ));
-        }
-        let growth = self.bounce_growth.unwrap_or(slots);
-        if growth > u16::MAX as usize {
-            return Err(Error::invalid(
-                ctx(),
-                "bounce growth must be 0..=65535 blocks",
-            ));
-        }
+        let Checked {
+            sizing,
+            block,
+            slots,
+            growth,
+        } = self.check()?;
         if self.backend == Backend::Gds {
             #[cfg(feature = "cuda")]
             crate::gds::result::cufile()
