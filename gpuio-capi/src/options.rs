@@ -98,7 +98,9 @@ const KEYS: [(u32, &str); 11] = [
 ];
 
 /// Applies `options` to `b`, in order. Each key at most once; an unknown key, a nonzero
-/// `reserved` or a value out of its range is `GPUIO_ERR_INVALID` naming the option.
+/// `reserved`, a flag other than 0 or 1 or a count this machine cannot hold is
+/// `GPUIO_ERR_INVALID` naming the entry. Values out of a setting's range pass here and are
+/// refused, by the setting's name, when the engine is built (`EngineBuilder::build`).
 pub(crate) fn apply(
     mut b: gpuio::EngineBuilder,
     options: &[gpuio_engine_option],
