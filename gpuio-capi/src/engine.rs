@@ -183,8 +183,9 @@ pub unsafe extern "C" fn gpuio_engine_create(
 /// `gpuio_engine_create` with settings beyond `gpuio_engine_settings`: `n_options` entries of
 /// `options`, each a `GPUIO_OPTION_*` key and its value (NULL with 0: none, which is
 /// `gpuio_engine_create`). Each key at most once. An unknown key (a program built against a
-/// newer header), a nonzero `reserved` or a value out of its key's range is
-/// `GPUIO_ERR_INVALID`, naming the entry, and no engine is made.
+/// newer header), a key given twice, a nonzero `reserved` or a flag other than 0 or 1 is
+/// `GPUIO_ERR_INVALID` naming the entry; a value out of its setting's range is
+/// `GPUIO_ERR_INVALID` naming the setting. Either way no engine is made.
 ///
 /// # Safety
 /// `settings` is NULL or points to a readable `gpuio_engine_settings`; `options` is NULL with
