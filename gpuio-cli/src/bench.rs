@@ -16,6 +16,7 @@ mod args;
 mod peers;
 mod report;
 mod task;
+mod threads;
 
 use report::{PeerFields, PointJson};
 use task::{Buffer, TaskStats};
@@ -414,6 +415,7 @@ async fn measure(
         buffers.push((t, buf));
     }
     let cpu_start = process_cpu_seconds();
+    let reactor_start = threads::cpu_by_thread("gpuio-reactor");
     let occ_start = engine.occupancy();
     let start = Instant::now();
     let work = Arc::new(task::Workload {
@@ -476,6 +478,7 @@ async fn measure(
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
+    let reactor_end = threads::cpu_by_thread("gpuio-reactor");
     let occ = engine.occupancy().since(&occ_start);
     ticker.abort();
     pb.finish_and_clear();
@@ -540,8 +543,15 @@ async fn measure(
                 .collect();
         outln!("  per GPU: {} (aggregate {gbps:.3} GB/s)", each.join(", "))?;
     }
+    let reactor_cores = threads::cores_between(&reactor_start, &reactor_end, secs);
     if occ.seconds() > 0.0 {
-        outln!("  engine (queue depth {}): {occ}", engine.queue_depth())?;
+        let reactor = reactor_cores.map_or_else(String::new, |c| {
+            format!("; reactor thread {c:.2} cores (near 1: the reactor is the limit)")
+        });
+        outln!(
+            "  engine (queue depth {}): {occ}{reactor}",
+            engine.queue_depth()
+        )?;
     }
     let file_name = nvme.map_or_else(|| path.display().to_string(), str::to_string);
     let json = PointJson {
@@ -555,6 +565,7 @@ async fn measure(
         cpu_cores: cpu / secs,
         cpu_s_per_gb: cpu / (all.bytes as f64 / 1e9).max(1e-9),
         cpu_s_per_mreq: cpu / (all.ops as f64 / 1e6).max(1e-9),
+        reactor_cores,
         backend: served_by.clone(),
         backend_requested: backend.to_string(),
         backend_detail: engine.backend().detail.clone(),

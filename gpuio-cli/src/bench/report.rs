@@ -37,6 +37,10 @@ pub(super) struct PointJson {
     pub cpu_cores: f64,
     pub cpu_s_per_gb: f64,
     pub cpu_s_per_mreq: f64,
+    /// Cores the engine's reactor thread kept busy (near 1: it was the limit); absent where
+    /// `/proc` could not say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reactor_cores: Option<f64>,
     /// The path that served the point (`io_uring`, `cufile-compat`, `io_uring+bounce`, ...).
     pub backend: String,
     /// What --backend asked for.
@@ -268,6 +272,7 @@ mod tests {
             cpu_cores: 1.0,
             cpu_s_per_gb: 1.0,
             cpu_s_per_mreq: 1.0,
+            reactor_cores: None,
             backend: "io_uring".into(),
             backend_requested: "auto".into(),
             backend_detail: String::new(),
