@@ -208,7 +208,8 @@ pub unsafe extern "C" fn gpuio_engine_create_with_options(
         // its integer fields is a valid value.
         let settings = unsafe { settings.as_ref() }.copied().unwrap_or_default();
         // SAFETY: forwarded from this function's contract.
-        let options = unsafe { options::slice(options, n_options, "gpuio_engine_create") }?;
+        let options =
+            unsafe { options::slice(options, n_options, "gpuio_engine_create: options") }?;
         let engine = options::apply(builder(&settings)?, options)?.build()?;
         let threads = match settings.executor_threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),

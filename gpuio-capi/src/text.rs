@@ -74,6 +74,45 @@ pub(crate) unsafe fn c_str<'a>(ptr: *const libc::c_char, what: &str) -> Result<&
     std::str::from_utf8(bytes).map_err(|e| Failure::invalid(format!("{what} is not UTF-8: {e}")))
 }
 
+/// The `n` elements at `ptr` (NULL with `n` 0: none), every array a caller passes with a
+/// count: refused by `what` where the pointer is NULL with a count, misaligned for `T`, or
+/// the count is over `max` (or over what any array of `T` holds), before anything is read.
+/// `count` names the number in messages ("count", "length").
+///
+/// # Safety
+/// `ptr` is NULL or points to `n` readable elements that outlive `'a`, every bit pattern of
+/// which is a valid `T`.
+pub(crate) unsafe fn c_array<'a, T>(
+    ptr: *const T,
+    n: usize,
+    max: usize,
+    what: &str,
+    count: &str,
+) -> Result<&'a [T], Failure> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(Failure::invalid(format!(
+            "{what} is a null pointer with a {count} of {n}"
+        )));
+    }
+    let max = max.min(isize::MAX as usize / size_of::<T>().max(1));
+    if n > max {
+        return Err(Failure::invalid(format!(
+            "{what}: a {count} of {n} is more than the {max} it may be"
+        )));
+    }
+    if !ptr.is_aligned() {
+        return Err(Failure::invalid(format!(
+            "{what} is not aligned for its element type"
+        )));
+    }
+    // SAFETY: non-null and aligned (checked), `n` readable valid elements (the caller's
+    // promise), at most isize::MAX bytes (checked).
+    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
+}
+
 /// The `len` bytes at `ptr` (NULL with `len` 0: none), for messages and metadata.
 ///
 /// # Safety
@@ -83,21 +122,8 @@ pub(crate) unsafe fn c_bytes<'a>(
     len: usize,
     what: &str,
 ) -> Result<&'a [u8], Failure> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(Failure::invalid(format!(
-            "{what} is a null pointer with a length of {len}"
-        )));
-    }
-    if isize::try_from(len).is_err() {
-        return Err(Failure::invalid(format!(
-            "{what}: a length of {len} bytes is more than any buffer holds"
-        )));
-    }
-    // SAFETY: non-null, `len` readable bytes (the caller's promise), at most isize::MAX.
-    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+    // SAFETY: forwarded from this function's contract; any byte is a valid u8.
+    unsafe { c_array(ptr, len, usize::MAX, what, "length") }
 }
 
 /// Writes `data` into `buf` (`cap` bytes) whole, or nothing: `*len` gets `data`'s length

@@ -75,22 +75,8 @@ unsafe fn notification<'a>(
 /// # Safety
 /// `ptr` is NULL or has `n` readable elements.
 unsafe fn indices<'a>(ptr: *const usize, n: usize, what: &str) -> Result<&'a [usize], Failure> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(Failure::invalid(format!(
-            "{what} is a null pointer with a count of {n}"
-        )));
-    }
-    if n > isize::MAX as usize / size_of::<usize>() {
-        return Err(Failure::invalid(format!(
-            "{what}: {n} indices are more than any array holds"
-        )));
-    }
-    // SAFETY: non-null with `n` readable elements (this function's contract), at most
-    // isize::MAX bytes (checked).
-    Ok(unsafe { std::slice::from_raw_parts(ptr, n) })
+    // SAFETY: forwarded from this function's contract; any usize is valid.
+    unsafe { crate::text::c_array(ptr, n, usize::MAX, what, "count") }
 }
 
 fn insert_xfer(request: XferRequest) -> u64 {

@@ -66,7 +66,7 @@ int main(int argc, char **argv) {
     EXPECT_ERR(gpuio_engine_create_with_options(NULL, NULL, 1, &engine), GPUIO_ERR_INVALID,
                "options is a null pointer with a count of 1");
     EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, (size_t)1 << 40, &engine),
-               GPUIO_ERR_INVALID, "n_options 1099511627776 is more than");
+               GPUIO_ERR_INVALID, "a count of 1099511627776 is more than the 1024");
     opts[0].key = 999;
     EXPECT_ERR(gpuio_engine_create_with_options(NULL, opts, 1, &engine), GPUIO_ERR_INVALID,
                "options[0].key 999 is not a GPUIO_OPTION_*");
