@@ -167,6 +167,16 @@ fn bad_engine_settings() {
         let e = b.build().unwrap_err();
         assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
     }
+    // Reactors: at least one, at most 64, and each needs a bounce slot of its own.
+    for b in [
+        gpuio::Engine::builder().reactors(0),
+        gpuio::Engine::builder().reactors(65),
+        gpuio::Engine::builder().bounce_slots(2).reactors(3),
+    ] {
+        let e = b.build().unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+        assert!(e.to_string().contains("reactors"), "{e}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

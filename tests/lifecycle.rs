@@ -45,10 +45,20 @@ fn dropped_engines_leave_no_threads_or_pinned_memory_behind() {
         .enable_all()
         .build()
         .unwrap();
-    for backend in [Backend::Uring, Backend::Pread] {
+    // Three reactors: the drop closes and joins every one of them.
+    for (backend, reactors) in [
+        (Backend::Uring, 1),
+        (Backend::Pread, 1),
+        (Backend::Uring, 3),
+        (Backend::Pread, 3),
+    ] {
         let (threads_before, rss_before) = (threads(), rss_bytes());
         for round in 0..20 {
-            let engine = match Engine::builder().backend(backend).build() {
+            let built = Engine::builder()
+                .backend(backend)
+                .reactors(reactors)
+                .build();
+            let engine = match built {
                 Ok(e) => e,
                 Err(e) => {
                     skipped(format!("{backend:?} in the lifecycle test: {e}"));
@@ -58,7 +68,7 @@ fn dropped_engines_leave_no_threads_or_pinned_memory_behind() {
             let f = engine.open(&path).unwrap();
             let mut buf = vec![0u8; 1 << 20];
             assert_eq!(rt.block_on(f.read_into(&mut buf, 0)).unwrap(), 1 << 20);
-            assert!(buf == data, "{backend:?} round {round}");
+            assert!(buf == data, "{backend:?} x{reactors} round {round}");
             drop(f);
             drop(engine);
             if backend == Backend::Pread {
@@ -70,22 +80,23 @@ fn dropped_engines_leave_no_threads_or_pinned_memory_behind() {
                 let left = settle(threads_before, Duration::from_secs(1));
                 assert!(
                     left <= threads_before,
-                    "pread round {round}: the reactor or its workers outlived the engine's drop \
-                     ({left} threads, {threads_before} before)"
+                    "pread x{reactors} round {round}: a reactor or its workers outlived the \
+                     engine's drop ({left} threads, {threads_before} before)"
                 );
             }
         }
         let left = settle(threads_before, Duration::from_secs(10));
         assert!(
             left <= threads_before,
-            "{backend:?}: {threads_before} threads before 20 engines, {left} after they were dropped"
+            "{backend:?} x{reactors}: {threads_before} threads before 20 engines, {left} after \
+             they were dropped"
         );
         // Each engine's default pool is 128 MiB (registered with io_uring, so resident): 20
         // leaked would be 2.5 GiB. Allow for allocator noise, not for one pool.
         let grown = rss_bytes().saturating_sub(rss_before);
         assert!(
             grown < 96 << 20,
-            "{backend:?}: resident memory grew by {} MiB over 20 dropped engines",
+            "{backend:?} x{reactors}: resident memory grew by {} MiB over 20 dropped engines",
             grown >> 20
         );
     }

@@ -18,12 +18,19 @@ const ROUNDS: usize = 48;
 /// kernel: 512 KiB chunks, depth 32, a 32 MiB pool (8 MiB per op).
 fn engines() -> Vec<(&'static str, Engine)> {
     let mut v = Vec::new();
-    for (name, b) in [("io_uring", Backend::Uring), ("pread", Backend::Pread)] {
+    for (name, b, reactors, slots) in [
+        ("io_uring", Backend::Uring, 1, 64),
+        ("pread", Backend::Pread, 1, 64),
+        // Each reactor with the pool of the others: the writes keep to the file's reactor,
+        // and the reads after them may go to any.
+        ("io_uring, 3 reactors", Backend::Uring, 3, 192),
+    ] {
         match Engine::builder()
             .backend(b)
             .chunk_size(512 << 10)
             .queue_depth(32)
-            .bounce_slots(64)
+            .bounce_slots(slots)
+            .reactors(reactors)
             .build()
         {
             Ok(e) => v.push((name, e)),

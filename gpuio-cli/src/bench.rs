@@ -353,6 +353,10 @@ async fn measure(
         Some(us) => engine.reactor_tick(Duration::from_micros(us)),
         None => engine,
     };
+    let engine = match a.reactors {
+        Some(n) => engine.reactors(n as usize),
+        None => engine,
+    };
     let engine = match a.sqpoll_idle_ms {
         Some(ms) => engine.submission_polling(Duration::from_millis(ms)),
         None => engine,
@@ -415,7 +419,7 @@ async fn measure(
         buffers.push((t, buf));
     }
     let cpu_start = process_cpu_seconds();
-    let reactor_start = threads::cpu_by_thread("gpuio-reactor");
+    let reactor_start = threads::cpu_by_thread(threads::REACTOR);
     let occ_start = engine.occupancy();
     let start = Instant::now();
     let work = Arc::new(task::Workload {
@@ -478,7 +482,7 @@ async fn measure(
     }
     let secs = start.elapsed().as_secs_f64();
     let cpu = process_cpu_seconds() - cpu_start;
-    let reactor_end = threads::cpu_by_thread("gpuio-reactor");
+    let reactor_end = threads::cpu_by_thread(threads::REACTOR);
     let occ = engine.occupancy().since(&occ_start);
     ticker.abort();
     pb.finish_and_clear();
@@ -543,10 +547,18 @@ async fn measure(
                 .collect();
         outln!("  per GPU: {} (aggregate {gbps:.3} GB/s)", each.join(", "))?;
     }
-    let reactor_cores = threads::cores_between(&reactor_start, &reactor_end, secs);
+    let reactor_busy = threads::cores_between(&reactor_start, &reactor_end, secs);
+    let reactor_cores = reactor_busy.as_ref().map(|b| b.busiest);
     if occ.seconds() > 0.0 {
-        let reactor = reactor_cores.map_or_else(String::new, |c| {
-            format!("; reactor thread {c:.2} cores (near 1: the reactor is the limit)")
+        let reactor = reactor_busy.map_or_else(String::new, |b| match b.threads {
+            1 => format!(
+                "; reactor thread {:.2} cores (near 1: the reactor is the limit)",
+                b.busiest
+            ),
+            n => format!(
+                "; {n} reactor threads {:.2} cores, the busiest {:.2} (near 1: it is the limit)",
+                b.total, b.busiest
+            ),
         });
         outln!(
             "  engine (queue depth {}): {occ}{reactor}",
@@ -588,6 +600,7 @@ async fn measure(
         inline_copies: a.inline_copies,
         reactor_spin_us: a.reactor_spin_us,
         reactor_tick_us: a.reactor_tick_us,
+        reactors: engine.reactors(),
         file: file_name,
         vs: None,
         peers: PeerFields::default(),

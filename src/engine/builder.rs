@@ -2,24 +2,18 @@
 //! of its reactor.
 
 use std::sync::Arc;
-use std::sync::mpsc::{channel, sync_channel};
 
-use super::{
-    Backend, BackendInfo, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner,
-};
-use crate::buf::arena::BounceArena;
+use super::reactors::ReactorThread;
+use super::{Backend, DEFAULT_POOL_WAIT_LIMIT, DEFAULT_REACTOR_TICK, Engine, EngineInner};
 use crate::error::{Context, Error, OpKind, Result};
-use crate::lane::Lane;
-use crate::lane::doorbell::Doorbell;
-use crate::lane::pread::PreadLane;
-use crate::op::engine_shared::{EngineShared, OpPolicy};
-use crate::op::msg::{Msg, ReactorHandle};
+use crate::op::engine_shared::OpPolicy;
 use crate::plan::sizing::{Machine, Sizing};
-use crate::reactor::{Reactor, ReactorConfig};
+use crate::reactor::ReactorConfig;
 use crate::target::GdsMode;
-use crate::uring::{UringLane, UringOptions};
+use crate::uring::UringOptions;
 
 mod check;
+mod start;
 use check::Checked;
 
 /// Most pread worker threads an engine starts ([`EngineBuilder::pread_threads`]). Each serves
@@ -58,6 +52,7 @@ pub struct EngineBuilder {
     /// (off in tests only: the timeout-SQE path that Linux 5.6–5.10 takes).
     uring_ext_arg: bool,
     submission_polling: Option<std::time::Duration>,
+    reactors: Option<usize>,
 }
 
 impl Default for EngineBuilder {
@@ -85,6 +80,7 @@ impl Default for EngineBuilder {
             reactor_tick: DEFAULT_REACTOR_TICK,
             uring_ext_arg: true,
             submission_polling: None,
+            reactors: None,
         }
     }
 }
@@ -176,6 +172,9 @@ impl EngineBuilder {
         if let Some(n) = self.copies_per_device {
             set("page-cache copies per GPU", n.to_string());
         }
+        if let Some(n) = self.reactors {
+            set("reactors", n.to_string());
+        }
         if let Some(w) = self.iowq_workers {
             set(
                 "io_uring workers",
@@ -189,6 +188,7 @@ impl EngineBuilder {
         s.buffered_chunk = self.buffered_chunk.unwrap_or(s.buffered_chunk);
         s.direct_chunk = self.direct_chunk.unwrap_or(s.direct_chunk);
         s.queue_depth = self.queue_depth.unwrap_or(s.queue_depth);
+        s.reactors = self.reactors.unwrap_or(s.reactors);
         s.page_cache_copies = self.page_cache_copies.unwrap_or(s.page_cache_copies).max(1);
         s.copies_per_device = match (self.copies_per_device, self.page_cache_copies) {
             (Some(n), _) => n.max(1),
@@ -392,6 +392,18 @@ impl EngineBuilder {
         self
     }
 
+    /// Reactor threads (default 1). Each has its own queue, io_uring ring (or pread pool), op
+    /// table and an equal share of the bounce pool, of its growth and of the page-cache copy
+    /// caps; the queue depth is per reactor. One reactor submits and completes every piece, and
+    /// for small O_DIRECT reads at high depth it is the limit, at about one core. Writes and
+    /// syncs of a file, and its reads while a write of it is unfinished, stay on one reactor
+    /// (the file's), so the range fence orders them as with one; other reads take the reactors
+    /// in turn. 1..=64, and at most one per bounce slot.
+    pub fn reactors(mut self, n: usize) -> Self {
+        self.reactors = Some(n);
+        self
+    }
+
     /// Tests only: timed waits as on a kernel without `IORING_ENTER_EXT_ARG`.
     #[cfg(test)]
     pub(crate) fn without_ext_arg(mut self) -> Self {
@@ -418,85 +430,59 @@ impl EngineBuilder {
                 "gpuio was built without the `cuda` feature",
             ));
         }
-        let arena = Arc::new(if self.spdk_memory {
-            BounceArena::new_dma(block, slots)
-                .map_err(|why| Error::unsupported(ctx().with_backend("spdk"), why))?
-        } else {
-            BounceArena::new(block, slots, growth)
-                .map_err(|e| Error::io(ctx().with_backend("bounce pool"), e))?
-        });
-        let doorbell =
-            Arc::new(Doorbell::new().map_err(|e| Error::io(ctx().with_backend("eventfd"), e))?);
-        let (tx, rx) = channel::<Msg>();
         let policy = OpPolicy {
             cached_fast_path: self.cached_fast_path,
             host_cached_max: self.host_cached_max.max(crate::op::cached::CACHED_READ_MAX),
             mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
         };
-        let reactor = ReactorHandle::new(tx, doorbell.clone());
-        let shared = Arc::new(EngineShared::new(reactor, arena.clone(), policy));
-        let (setup_tx, setup_rx) = sync_channel::<Result<BackendInfo>>(1);
-        let backend = self.backend;
-        let qd = sizing.queue_depth;
-        let threads = self.pread_threads.unwrap_or(qd.min(64));
-        let iowq = sizing.iowq_workers;
-        let uring_opts = UringOptions {
-            ext_arg: self.uring_ext_arg,
-            sqpoll: self.submission_polling,
+        // Each reactor gets an equal share of the pool, of its growth and of the engine-wide
+        // caps (rounded up: every reactor may copy out of the page cache).
+        let n = sizing.reactors;
+        let share = |v: usize| v.div_ceil(n).max(1);
+        let plan = start::ReactorPlan {
+            backend: self.backend,
+            spdk_memory: self.spdk_memory,
+            block,
+            slots: slots / n,
+            growth: growth / n,
+            queue_depth: sizing.queue_depth,
+            iowq: sizing.iowq_workers.map(|w| share(w as usize) as u32),
+            pread_threads: share(self.pread_threads.unwrap_or(sizing.queue_depth.min(64))),
+            uring: UringOptions {
+                ext_arg: self.uring_ext_arg,
+                sqpoll: self.submission_polling,
+            },
+            cfg: ReactorConfig {
+                buffered_chunk: sizing.buffered_chunk,
+                direct_chunk: sizing.direct_chunk,
+                queue_depth: sizing.queue_depth,
+                page_cache_copies: share(sizing.page_cache_copies),
+                copies_per_device: share(sizing.copies_per_device),
+                punt_min: self.punt_min,
+                residency_min: self
+                    .residency_aware
+                    .then_some(crate::plan::residency::RESIDENCY_MIN_READ),
+                spin: self.reactor_spin,
+                tick: self.reactor_tick,
+                pool_wait_limit: self.pool_wait_limit,
+            },
         };
-        let reactor_shared = shared.clone();
-        let cfg = ReactorConfig {
-            buffered_chunk: sizing.buffered_chunk,
-            direct_chunk: sizing.direct_chunk,
-            queue_depth: qd,
-            page_cache_copies: sizing.page_cache_copies,
-            copies_per_device: sizing.copies_per_device,
-            punt_min: self.punt_min,
-            residency_min: self
-                .residency_aware
-                .then_some(crate::plan::residency::RESIDENCY_MIN_READ),
-            spin: self.reactor_spin,
-            tick: self.reactor_tick,
-            pool_wait_limit: self.pool_wait_limit,
-        };
-        // Dropped when the reactor thread ends (however it ends): what the engine's drop waits on.
-        let (exit_tx, exit_rx) = sync_channel::<()>(0);
-        let spawned = std::thread::Builder::new()
-            .name("gpuio-reactor".into())
-            .spawn(move || {
-                let _exit = exit_tx;
-                let main =
-                    match make_main_lane(backend, qd, iowq, threads, &arena, &doorbell, uring_opts)
-                    {
-                        Ok(d) => d,
-                        Err(e) => {
-                            let _ = setup_tx.send(Err(e));
-                            return;
-                        }
-                    };
-                let info = BackendInfo {
-                    name: main.name(),
-                    detail: main.describe(),
-                };
-                tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
-                let _ = setup_tx.send(Ok(info));
-                Reactor::new(rx, main, side_lanes(), reactor_shared, cfg).run_to_end();
-            })
-            .map_err(|e| Error::io(ctx(), e))?;
-        let info = match setup_rx.recv() {
-            Ok(Ok(info)) => info,
-            Ok(Err(e)) => {
-                let _ = spawned.join();
-                return Err(e);
+        let mut reactors = Vec::with_capacity(n);
+        let mut info = None;
+        for index in 0..n {
+            let primary = reactors.first().map(|r: &ReactorThread| &r.shared);
+            match plan.start(index, policy, primary) {
+                Ok((r, i)) => {
+                    reactors.push(r);
+                    info.get_or_insert(i);
+                }
+                Err(e) => {
+                    super::reactors::close_and_join(&mut reactors, super::REACTOR_JOIN_WAIT);
+                    return Err(e);
+                }
             }
-            Err(_) => {
-                let _ = spawned.join();
-                return Err(Error::ReactorDied {
-                    ctx: Box::new(ctx()),
-                    reason: "reactor thread exited during setup".into(),
-                });
-            }
-        };
+        }
+        let info = info.expect("at least one reactor");
         let gds_mode = match self.backend {
             Backend::Auto => GdsMode::Auto,
             Backend::Gds => GdsMode::Forced,
@@ -504,76 +490,13 @@ impl EngineBuilder {
         };
         Ok(Engine {
             inner: Arc::new(EngineInner {
-                shared,
-                reactor: Some(spawned),
-                reactor_exit: std::sync::Mutex::new(exit_rx),
+                reactors: reactors.into_boxed_slice(),
                 info,
                 gds_mode,
                 cufile_compat: self.cufile_compat,
-                bounce_bytes: block * slots,
+                bounce_bytes: block * (slots / n) * n,
                 sizing,
             }),
         })
-    }
-}
-
-/// The lanes beside the main one, from the backends this build has: each takes the ops it
-/// serves when the reactor asks (`Lane::route`); an unused one costs nothing (cuFile sets its
-/// staging pool up on its first op, SPDK its queue pairs on a namespace's first op).
-fn side_lanes() -> Vec<Box<dyn crate::lane::Lane>> {
-    vec![
-        #[cfg(feature = "cuda")]
-        Box::new(crate::gds::lane::CufileLane::default()),
-        Box::new(crate::spdk::lane::SpdkLane::new()),
-    ]
-}
-
-/// The main lane for `backend`: io_uring, or the pread pool (with the reason, where io_uring
-/// was wanted but could not be set up).
-fn make_main_lane(
-    backend: Backend,
-    qd: usize,
-    iowq: Option<u32>,
-    threads: usize,
-    arena: &BounceArena,
-    doorbell: &Arc<Doorbell>,
-    uring_opts: UringOptions,
-) -> Result<Box<dyn Lane>> {
-    let ctx = || Context::op(OpKind::Setup);
-    let uring = || {
-        // SAFETY: the arena is kept alive by the reactor (and every op) for longer than the
-        // lane, which the reactor drops first.
-        unsafe {
-            UringLane::new(
-                qd as u32,
-                iowq,
-                &arena.block_iovecs(),
-                doorbell.raw_fd(),
-                uring_opts,
-            )
-        }
-        .map(|l| Box::new(l) as Box<dyn Lane>)
-    };
-    let pool = |reason: String| {
-        PreadLane::new(threads, doorbell.clone(), reason)
-            .map(|l| Box::new(l) as Box<dyn Lane>)
-            .map_err(|e| Error::io(ctx().with_backend("pread"), e))
-    };
-    match backend {
-        Backend::Uring => uring().map_err(|e| {
-            Error::unsupported(
-                ctx().with_backend("io_uring"),
-                format!("{e}; use Backend::Auto or Backend::Pread to fall back"),
-            )
-        }),
-        Backend::Pread => pool(String::new()),
-        Backend::Auto | Backend::Gds => match uring() {
-            Ok(l) => Ok(l),
-            Err(e) => {
-                let reason = format!("io_uring unavailable: {e}");
-                tracing::warn!(%reason, "gpuio falls back to the pread pool");
-                pool(reason)
-            }
-        },
     }
 }

@@ -1,5 +1,6 @@
 //! [`Engine`]: a handle to one reactor thread and its bounce pool.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::{Error, OpKind, Result};
@@ -7,10 +8,13 @@ use crate::op::engine_shared::EngineShared;
 use crate::op::future::{NoTransfer, OpFuture};
 use crate::op::msg::{Msg, SubmitMsg};
 use crate::plan::sizing::Sizing;
-use crate::target::GdsMode;
+use crate::target::{FileKey, GdsMode, Target};
 
 mod builder;
 pub use builder::EngineBuilder;
+mod reactors;
+use reactors::ReactorThread;
+pub(crate) use reactors::Route;
 
 /// The reactor's default tick (see [`EngineBuilder::reactor_tick`]).
 pub const DEFAULT_REACTOR_TICK: std::time::Duration = std::time::Duration::from_micros(100);
@@ -83,11 +87,9 @@ const REACTOR_JOIN_WAIT: std::time::Duration = std::time::Duration::from_secs(2)
 /// line with the handle's fields.
 #[repr(align(64))]
 struct EngineInner {
-    shared: Arc<EngineShared>,
-    /// The reactor thread, joined when the last handle goes (see the drop).
-    reactor: Option<std::thread::JoinHandle<()>>,
-    /// Disconnects when the reactor thread ends.
-    reactor_exit: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    /// The reactor threads; the first is the primary, whose handle serves what is not an op of
+    /// a reactor's (the page-cache fast path, mapped reads, stream waits, the counters).
+    reactors: Box<[ReactorThread]>,
     info: BackendInfo,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     gds_mode: GdsMode,
@@ -96,51 +98,38 @@ struct EngineInner {
     sizing: Sizing,
 }
 
+impl EngineInner {
+    fn primary(&self) -> &Arc<EngineShared> {
+        &self.reactors[0].shared
+    }
+}
+
 impl Drop for EngineInner {
     fn drop(&mut self) {
-        // Last handle gone: close the queue and wake the reactor, which drains (operations
-        // still pending fail with `Error::Shutdown`) and exits; then join it, so that its
-        // ring and workers are gone when this returns and its pool is on its way out (a pinned
-        // pool is unpinned on a thread of its own, `buf::arena`; memory a device may still
-        // write is quarantined instead, see `reactor::death`).
-        if self.shared.reactor.inherited() {
-            // A forked child: the reactor thread, its ring and its pool are the parent's (the
-            // thread does not exist here). Waking or joining it would wait for nothing, and
-            // freeing the pool would unpin memory the parent's CUDA context owns: leave all of
-            // it to the process's exit.
-            if let Some(t) = self.reactor.take() {
-                std::mem::forget(t);
+        // Last handle gone: close the queues and wake the reactors, which drain (operations
+        // still pending fail with `Error::Shutdown`) and exit; then join them, so that their
+        // rings and workers are gone when this returns and their pools are on their way out
+        // (a pinned pool is unpinned on a thread of its own, `buf::arena`; memory a device may
+        // still write is quarantined instead, see `reactor::death`).
+        if self.primary().reactor.inherited() {
+            // A forked child: the reactor threads, their rings and pools are the parent's (the
+            // threads do not exist here). Waking or joining them would wait for nothing, and
+            // freeing the pools would unpin memory the parent's CUDA context owns: leave all
+            // of it to the process's exit.
+            for r in self.reactors.iter_mut() {
+                if let Some(t) = r.thread.take() {
+                    std::mem::forget(t);
+                }
             }
             return;
         }
         // Mapped reads first: revoke the registrations no copy has used, wait for the copies
         // that read the others, unregister everything.
         #[cfg(feature = "cuda")]
-        if let Some(r) = self.shared.started_registrar() {
+        if let Some(r) = self.primary().started_registrar() {
             r.close(REACTOR_JOIN_WAIT);
         }
-        self.shared.reactor.close();
-        let Some(t) = self.reactor.take() else { return };
-        if t.thread().id() == std::thread::current().id() {
-            return;
-        }
-        // A drain takes microseconds to milliseconds (pieces in the kernel complete). Work that
-        // cannot be seen to end soon (a CUDA stream still busy with a kernel, a hung device)
-        // must not block the dropping thread, often an async runtime's worker: past the limit
-        // the reactor finishes draining on its own and frees (or quarantines) what it holds.
-        let exit = self.reactor_exit.lock().unwrap_or_else(|p| p.into_inner());
-        match exit.recv_timeout(REACTOR_JOIN_WAIT) {
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                tracing::warn!(
-                    waited_ms = REACTOR_JOIN_WAIT.as_millis() as u64,
-                    "gpuio engine dropped while its reactor still drains (CUDA work or I/O \
-                     that has not ended); it finishes in the background"
-                );
-            }
-            _ => {
-                let _ = t.join();
-            }
-        }
+        reactors::close_and_join(&mut self.reactors, REACTOR_JOIN_WAIT);
     }
 }
 
@@ -212,7 +201,14 @@ impl Engine {
     /// where the driver refuses, device copies still work from pageable memory, slower.
     #[cfg(feature = "cuda")]
     pub fn prepare_device(&self, ctx: &std::sync::Arc<cudarc::driver::CudaContext>) -> bool {
-        self.inner.shared.arena.ensure_pinned(ctx)
+        // Every reactor's pool is pinned (no short cut: all are tried, then all are asked).
+        for r in self.inner.reactors.iter() {
+            r.shared.arena.ensure_pinned(ctx);
+        }
+        self.inner
+            .reactors
+            .iter()
+            .all(|r| r.shared.arena.is_pinned())
     }
 
     /// Whether the bounce pool is page-locked with CUDA (it is pinned on the first device
@@ -221,7 +217,10 @@ impl Engine {
     pub fn bounce_pool_pinned(&self) -> bool {
         #[cfg(feature = "cuda")]
         {
-            self.inner.shared.arena.is_pinned()
+            self.inner
+                .reactors
+                .iter()
+                .all(|r| r.shared.arena.is_pinned())
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -232,14 +231,14 @@ impl Engine {
     /// Small reads (into host or device memory) so far that the polling thread served straight from the
     /// page cache, without the reactor (see [`EngineBuilder::page_cache_fast_path`]).
     pub fn cached_reads(&self) -> u64 {
-        self.inner.shared.stats.cached_reads.load()
+        self.inner.primary().stats.cached_reads.load()
     }
 
     /// Reads into device memory so far copied straight from registered page-cache mappings
     /// (see [`EngineBuilder::mapped_reads`]).
     pub fn mapped_reads(&self) -> u64 {
         #[cfg(feature = "cuda")]
-        if let Some(r) = self.inner.shared.started_registrar() {
+        if let Some(r) = self.inner.primary().started_registrar() {
             return r.counts().served.load(std::sync::atomic::Ordering::Relaxed);
         }
         0
@@ -250,7 +249,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn mapped_registrations_live(&self) -> usize {
         #[cfg(feature = "cuda")]
-        if let Some(r) = self.inner.shared.started_registrar() {
+        if let Some(r) = self.inner.primary().started_registrar() {
             return r.counts().live.load(std::sync::atomic::Ordering::Relaxed);
         }
         0
@@ -261,7 +260,7 @@ impl Engine {
     #[doc(hidden)]
     pub fn mapped_reads_submitted(&self) -> u64 {
         #[cfg(feature = "cuda")]
-        if let Some(r) = self.inner.shared.started_registrar() {
+        if let Some(r) = self.inner.primary().started_registrar() {
             return r
                 .counts()
                 .submitted
@@ -276,18 +275,24 @@ impl Engine {
     /// waited for bounce memory (`gpuio bench`, `gpuio read` and the `load_safetensors`
     /// example print them). Published by the reactor about once a millisecond; only time in
     /// which the engine had work is counted, so a pause before a read does not dilute it.
+    /// With several reactors, their pieces add up (see [`Occupancy::merge`](crate::Occupancy::merge)).
     pub fn occupancy(&self) -> crate::op::occupancy::Occupancy {
-        self.inner.shared.stats.occupancy.snapshot()
+        let mut rs = self.inner.reactors.iter();
+        let first = rs.next().map(|r| r.shared.stats.occupancy.snapshot());
+        rs.fold(first.unwrap_or_default(), |all, r| {
+            all.merge(&r.shared.stats.occupancy.snapshot())
+        })
     }
 
     /// Fault injection for tests: the reactor panics at its next completion, as a bug would
     /// make it, so tests can check what a dying reactor leaves behind. Not for production use.
     #[doc(hidden)]
     pub fn inject_reactor_panic(&self) {
-        self.inner
-            .shared
-            .reactor
-            .send(crate::op::msg::Msg::PanicAtNextCompletion);
+        for r in self.inner.reactors.iter() {
+            r.shared
+                .reactor
+                .send(crate::op::msg::Msg::PanicAtNextCompletion);
+        }
     }
 
     /// Whether this process is a child, made by `fork()`, of the process that built the
@@ -296,53 +301,99 @@ impl Engine {
     /// the fork) and its drop leaves the parent's reactor and pool alone; bindings that run
     /// their own threads for it (the C API's executor) check this before using them.
     pub fn inherited_across_fork(&self) -> bool {
-        self.inner.shared.reactor.inherited()
+        self.inner.primary().reactor.inherited()
     }
 
-    /// Whether the reactor has stopped (after shutdown, or because it died).
+    /// Whether the reactor has stopped (after shutdown, or because it died); with several
+    /// reactors, whether any has.
     pub fn is_shut_down(&self) -> bool {
-        self.inner.shared.reactor.is_dead()
+        self.inner
+            .reactors
+            .iter()
+            .any(|r| r.shared.reactor.is_dead())
     }
 
     /// Why the reactor died, if it did: its panic message or the kernel interface that
     /// failed. `None` while it runs and after an orderly [`shutdown`](Self::shutdown). A dead
     /// engine fails every pending and later operation with
     /// [`Error::ReactorDied`](crate::Error::ReactorDied) carrying this reason; open a new one.
+    ///
+    /// With several reactors ([`EngineBuilder::reactors`]) each dies alone: its operations fail,
+    /// and this gives the first reason found.
     pub fn failure(&self) -> Option<&str> {
-        self.inner.shared.reactor.death()
+        self.inner
+            .reactors
+            .iter()
+            .find_map(|r| r.shared.reactor.death())
     }
 
     /// Whether the bounce pool is SPDK DMA memory ([`EngineBuilder::spdk_memory`]).
     pub fn bounce_pool_is_dma(&self) -> bool {
-        self.inner.shared.arena.is_dma()
+        self.inner.primary().arena.is_dma()
     }
 
-    /// Stops the reactor: new operations fail with [`Error::Shutdown`], operations in flight
-    /// are cancelled and drained, then the ring and the bounce pool are released. Resolves when
-    /// that is done.
+    /// Stops the reactor (every reactor): new operations fail with [`Error::Shutdown`],
+    /// operations in flight are cancelled and drained, then the rings and the bounce pools are
+    /// released. Resolves when that is done.
     pub async fn shutdown(&self) -> Result<()> {
         #[cfg(feature = "cuda")]
-        if let Some(r) = self.inner.shared.started_registrar() {
+        if let Some(r) = self.inner.primary().started_registrar() {
             r.begin_close();
         }
-        let fut = OpFuture::with_message(
-            self.inner.shared.clone(),
-            OpKind::Shutdown,
-            NoTransfer,
-            Msg::Shutdown(SubmitMsg {
-                shared: None,
-                req: None,
-            }),
-        );
-        match fut.await {
-            Ok(_) => Ok(()),
-            // Already stopped: that is what was asked for, unless the reactor died.
-            Err(Error::Shutdown { ctx }) => match self.inner.shared.reactor.refusal(*ctx) {
-                Error::Shutdown { .. } => Ok(()),
-                died => Err(died),
-            },
-            Err(e) => Err(e),
+        // Each reactor gets its message at the first poll, so they drain side by side.
+        let mut stops: Vec<Option<OpFuture<NoTransfer>>> = self
+            .inner
+            .reactors
+            .iter()
+            .map(|r| {
+                Some(OpFuture::with_message(
+                    r.shared.clone(),
+                    OpKind::Shutdown,
+                    NoTransfer,
+                    Msg::Shutdown(SubmitMsg {
+                        shared: None,
+                        req: None,
+                    }),
+                ))
+            })
+            .collect();
+        let mut outcomes: Vec<Option<Result<u64>>> = stops.iter().map(|_| None).collect();
+        std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for (stop, outcome) in stops.iter_mut().zip(outcomes.iter_mut()) {
+                if let Some(fut) = stop {
+                    match std::pin::Pin::new(fut).poll(cx) {
+                        std::task::Poll::Ready(r) => {
+                            *outcome = Some(r);
+                            *stop = None;
+                        }
+                        std::task::Poll::Pending => pending = true,
+                    }
+                }
+            }
+            if pending {
+                std::task::Poll::Pending
+            } else {
+                std::task::Poll::Ready(())
+            }
+        })
+        .await;
+        let mut first_err = None;
+        for (outcome, r) in outcomes.into_iter().zip(self.inner.reactors.iter()) {
+            let outcome = match outcome {
+                Some(Ok(_)) | None => Ok(()),
+                // Already stopped: that is what was asked for, unless the reactor died.
+                Some(Err(Error::Shutdown { ctx })) => match r.shared.reactor.refusal(*ctx) {
+                    Error::Shutdown { .. } => Ok(()),
+                    died => Err(died),
+                },
+                Some(Err(e)) => Err(e),
+            };
+            if let Err(e) = outcome {
+                first_err.get_or_insert(e);
+            }
         }
+        first_err.map_or(Ok(()), Err)
     }
 
     /// Waits until `stream` has finished everything queued on it so far, without blocking a
@@ -351,16 +402,38 @@ impl Engine {
     /// `cuStreamSynchronize` stalls every task scheduled on it).
     #[cfg(feature = "cuda")]
     pub fn synchronize(&self, stream: &cudarc::driver::CudaStream) -> crate::op::sync::StreamSync {
-        crate::op::sync::start(&self.inner.shared, stream)
+        crate::op::sync::start(self.inner.primary(), stream)
     }
 
     /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.
     pub(crate) fn op_window(&self) -> usize {
-        crate::reactor::op_window(&self.inner.shared.arena)
+        crate::reactor::op_window(&self.inner.primary().arena)
     }
 
+    /// The primary reactor's handle: the engine's policy, counters and fast paths.
     pub(crate) fn shared(&self) -> &Arc<EngineShared> {
-        &self.inner.shared
+        self.inner.primary()
+    }
+
+    /// The handle of the reactor that takes an op of `route` on `target`, and for a read
+    /// sent away from the file's home reactor, the home (`reactors`: keeps every pair of ops
+    /// the range fence must order on one reactor; see `OpFuture::with_home`).
+    pub(crate) fn reactor_for(
+        &self,
+        target: &Target,
+        route: Route,
+    ) -> (&Arc<EngineShared>, Option<(Arc<EngineShared>, FileKey)>) {
+        let rs = &self.inner.reactors;
+        let (pick, home) = reactors::pick(rs.len(), target, route);
+        (
+            &rs[pick].shared,
+            home.map(|h| (rs[h].shared.clone(), target.fence_key)),
+        )
+    }
+
+    /// Reactor threads this engine runs ([`EngineBuilder::reactors`]).
+    pub fn reactors(&self) -> usize {
+        self.inner.reactors.len()
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::buf::{IoBuf, IoBufMut, ReadDst, ReadTarget, WriteSource, WriteSrc};
-use crate::engine::Engine;
+use crate::engine::{Engine, Route};
 use crate::error::{Context, Error, OpKind, Result};
 use crate::op::future::{Either, NoTransfer, OpFuture, Transfer};
 use crate::op::read::{CopyOut, HostCopyOut, ReadInto, ReadSource};
@@ -30,6 +30,14 @@ use crate::target::Target;
 pub struct File {
     inner: Arc<Target>,
     engine: Engine,
+}
+
+impl File {
+    /// What the file reads and writes (tests of the routing between reactors).
+    #[cfg(test)]
+    pub(crate) fn target_arc(&self) -> &Arc<Target> {
+        &self.inner
+    }
 }
 
 impl std::fmt::Debug for File {
@@ -186,7 +194,12 @@ impl File {
                         ),
                     },
                 };
-                OpFuture::new(shared, req, transfer)
+                let route = match op {
+                    OpKind::Read => Route::Read,
+                    _ => Route::Home,
+                };
+                let (engine, home) = self.engine.reactor_for(&self.inner, route);
+                OpFuture::new(engine.clone(), req, transfer).with_home(home)
             }
         }
     }
@@ -333,11 +346,9 @@ impl File {
                 keep: owned.into_any(),
             }),
         };
-        let mut fut = OpFuture::new(
-            self.engine.shared().clone(),
-            req,
-            crate::op::read::OwnedReturn::default(),
-        );
+        let (engine, home) = self.engine.reactor_for(&self.inner, Route::Read);
+        let mut fut = OpFuture::new(engine.clone(), req, crate::op::read::OwnedReturn::default())
+            .with_home(home);
         let r = (&mut fut).await;
         let back = fut.transfer_mut().back.take();
         let owned = back
@@ -364,7 +375,7 @@ impl File {
                 .refusal(self.ctx(OpKind::Sync, 0)));
         }
         OpFuture::new(
-            self.engine.shared().clone(),
+            self.engine.reactor_for(&self.inner, Route::Home).0.clone(),
             OpRequest::Sync {
                 file: self.inner.clone(),
             },

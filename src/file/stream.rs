@@ -89,7 +89,12 @@ impl File {
     ) -> Result<StreamIo> {
         use crate::op::OpShared;
         self.check(op, offset, len)?;
-        let engine = self.engine.shared().clone();
+        // Stream-ordered ops stay on the file's home reactor, with its writes.
+        let engine = self
+            .engine
+            .reactor_for(&self.inner, crate::engine::Route::Home)
+            .0
+            .clone();
         if len == 0 {
             return Ok(StreamIo {
                 inner: OpFuture::ready(engine, op, NoTransfer, Ok(0)),

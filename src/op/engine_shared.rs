@@ -99,6 +99,23 @@ impl EngineShared {
         }
     }
 
+    /// The handle of another reactor of the same engine (`EngineBuilder::reactors`): its own
+    /// queue, pool and counters; this one's policy, registry of unfinished writes (which routes
+    /// reads of a file being written to its home reactor) and device stages.
+    pub(crate) fn sibling(&self, reactor: ReactorHandle, arena: Arc<BounceArena>) -> Self {
+        EngineShared {
+            reactor,
+            arena,
+            writes_pending: self.writes_pending.clone(),
+            policy: self.policy,
+            stats: EngineStats::default(),
+            #[cfg(feature = "cuda")]
+            stages: self.stages.clone(),
+            #[cfg(feature = "cuda")]
+            registrar: std::sync::OnceLock::new(),
+        }
+    }
+
     /// The mapped reads' registrar, started now if it was not (`None`: mapped reads are off,
     /// or its thread could not be started).
     #[cfg(feature = "cuda")]

@@ -12,6 +12,7 @@ use super::progress::{OpProgress, Progress};
 use super::request::OpRequest;
 use super::{OpShared, ReadyPieces};
 use crate::error::{Context, Error, OpKind, Result};
+use crate::target::FileKey;
 
 /// How a future moves data between bounce slots and caller memory.
 pub(crate) trait Transfer: Send + Unpin {
@@ -94,6 +95,9 @@ const MAX_ROUNDS_PER_POLL: usize = 8;
 /// The caller's side of one operation.
 pub(crate) struct OpFuture<T: Transfer> {
     engine: Arc<EngineShared>,
+    /// A read's file's home reactor where it is not `engine` (`engine::reactors`): the read
+    /// is sent there instead if a write of the file is unfinished at its first poll.
+    home: Option<(Arc<EngineShared>, FileKey)>,
     state: OpState,
     transfer: T,
     op: OpKind,
@@ -117,6 +121,19 @@ impl<T: Transfer> OpFuture<T> {
         if let (Some(p), Ok(moved)) = (&mut self.progress, r) {
             p.finish(*moved);
         }
+    }
+
+    /// Sends the op to `home` instead if, at its first poll, a write of file `key` is
+    /// unfinished (a read routed away from its file's home reactor: `engine::reactors`).
+    pub(crate) fn with_home(mut self, home: Option<(Arc<EngineShared>, FileKey)>) -> Self {
+        self.home = home;
+        self
+    }
+
+    /// The reactor handle the op is (or will be) sent to (tests of the routing).
+    #[cfg(test)]
+    pub(crate) fn engine(&self) -> &Arc<EngineShared> {
+        &self.engine
     }
 
     /// The transfer, to adjust before the first poll or to read back after the result.
@@ -143,6 +160,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
+            home: None,
             state: OpState::Unsent(msg),
             transfer,
             op,
@@ -161,6 +179,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
+            home: None,
             state: OpState::Running(shared),
             transfer,
             op,
@@ -177,6 +196,7 @@ impl<T: Transfer> OpFuture<T> {
     ) -> Self {
         OpFuture {
             engine,
+            home: None,
             state: OpState::Ready(r),
             transfer,
             op,
@@ -202,6 +222,14 @@ impl<T: Transfer> Future for OpFuture<T> {
                     s.shared = Some(shared.clone());
                 }
                 _ => {}
+            }
+            // A write of the file started before this read (its count is taken on the writer's
+            // thread before its future exists): the read goes where that write's pieces are,
+            // so the range fence orders it after them.
+            if let Some((home, key)) = this.home.take() {
+                if home.writes_pending.any(&key) {
+                    this.engine = home;
+                }
             }
             // If the reactor is gone the message is dropped, and dropping a SubmitMsg completes
             // its op with `Error::Shutdown`, so the loop below returns instead of hanging.

@@ -44,6 +44,19 @@ pub struct Occupancy {
 }
 
 impl Occupancy {
+    /// Two reactors' totals as one engine's ([`EngineBuilder::reactors`](crate::EngineBuilder::reactors)):
+    /// the engine had work while either had (the longer time), the pieces in the kernel and
+    /// the releases behind events add up, and the time waiting for bounce memory is the longer
+    /// (each reactor has its own pool: it says how long some work waited).
+    pub fn merge(&self, other: &Occupancy) -> Occupancy {
+        Occupancy {
+            micros: self.micros.max(other.micros),
+            in_kernel: self.in_kernel + other.in_kernel,
+            gated: self.gated + other.gated,
+            starved: self.starved.max(other.starved),
+        }
+    }
+
     /// The totals accumulated between `earlier` and `self`.
     pub fn since(&self, earlier: &Occupancy) -> Occupancy {
         Occupancy {

@@ -86,6 +86,9 @@ pub struct Sizing {
     /// Most io_uring workers copying buffered pieces at once (`IORING_REGISTER_IOWQ_MAX_WORKERS`,
     /// bounded class; `None`: the kernel's own limit).
     pub iowq_workers: Option<u32>,
+    /// Reactor threads, each with its own ring and its share of the bounce pool
+    /// (`EngineBuilder::reactors`).
+    pub reactors: usize,
     /// One line per setting: its value and why (what `gpuio check` prints).
     pub reasons: Vec<String>,
 }
@@ -161,6 +164,7 @@ impl Sizing {
                 "io_uring workers {iowq}: two per core copy out of the page cache (the kernel's \
                  default allows four per CPU)"
             ),
+            "reactors 1: one thread submits and completes every piece".to_string(),
         ];
         Sizing {
             machine: m,
@@ -171,6 +175,7 @@ impl Sizing {
             page_cache_copies,
             copies_per_device: COPIES_PER_DEVICE,
             iowq_workers: Some(iowq),
+            reactors: 1,
             reasons,
         }
     }

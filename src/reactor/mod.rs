@@ -120,6 +120,7 @@ struct InflightIo {
 }
 
 /// Engine-level settings the reactor needs.
+#[derive(Clone)]
 pub(crate) struct ReactorConfig {
     /// Largest piece of a buffered (page-cache) read or write.
     pub(crate) buffered_chunk: usize,

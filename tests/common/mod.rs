@@ -70,6 +70,16 @@ pub fn engines() -> Vec<(&'static str, Engine)> {
             "io_uring with submission polling in this test: {e}"
         )),
     }
+    // Three reactors: reads take them in turn, writes and syncs (and reads of a file being
+    // written) keep to the file's own; each reactor has a third of the pool.
+    match through_reactor(Backend::Uring)
+        .bounce_slots(24)
+        .reactors(3)
+        .build()
+    {
+        Ok(e) => v.push(("io_uring, 3 reactors", e)),
+        Err(e) => skipped(format!("io_uring with three reactors in this test: {e}")),
+    }
     v.push(("pread", through_reactor(Backend::Pread).build().unwrap()));
     v.push((
         "auto, page-cache fast path",

@@ -270,6 +270,10 @@ pub struct BenchArgs {
     /// default: the engine's, 100).
     #[arg(long, value_name = "US", value_parser = validate::whole(0, u64::MAX))]
     pub(crate) reactor_tick_us: Option<u64>,
+    /// Reactor threads of the engine, each with its own ring and share of the pool (default:
+    /// the engine's, 1). Small O_DIRECT reads at high depth are bound by one reactor's core.
+    #[arg(long, value_name = "N", value_parser = validate::whole(1u64, 64))]
+    pub(crate) reactors: Option<u64>,
     /// Let a kernel thread poll io_uring's submission queue, sleeping after this many idle
     /// milliseconds (`EngineBuilder::submission_polling`; default: off). Costs a core while
     /// I/O flows; measured slower on a RAM-backed loop device (BENCHMARKS.md).

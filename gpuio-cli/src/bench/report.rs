@@ -69,6 +69,8 @@ pub(super) struct PointJson {
     pub occupancy: OccupancyJson,
     pub inline_copies: bool,
     pub reactor_spin_us: Option<u64>,
+    /// Reactor threads of the engine (`--reactors`).
+    pub reactors: usize,
     pub reactor_tick_us: Option<u64>,
     /// The file, or the NVMe transport ID.
     pub file: String,
@@ -295,6 +297,7 @@ mod tests {
             inline_copies: false,
             reactor_spin_us: None,
             reactor_tick_us: Some(100),
+            reactors: 1,
             file: "f".into(),
             vs: None,
             peers: PeerFields::default(),
@@ -329,6 +332,7 @@ mod tests {
             "qd",
             "reactor_spin_us",
             "reactor_tick_us",
+            "reactors",
             "rw",
             "seconds",
             "to",

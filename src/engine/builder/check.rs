@@ -74,6 +74,16 @@ impl EngineBuilder {
         if !(1..=u16::MAX as usize).contains(&slots) {
             return Err(Error::invalid(ctx(), "bounce slots must be 1..=65535"));
         }
+        if !(1..=64).contains(&sizing.reactors) || sizing.reactors > slots {
+            return Err(Error::invalid(
+                ctx(),
+                format!(
+                    "reactors {}: want 1..=64, and no more than the bounce slots ({slots}): \
+                     each reactor has its own share of the pool",
+                    sizing.reactors
+                ),
+            ));
+        }
         if self.pool_wait_limit < std::time::Duration::from_millis(10) {
             // Growth comes after a tenth of the limit: below a millisecond, ordinary waits
             // for live futures would grow the pool and then fail requests.
