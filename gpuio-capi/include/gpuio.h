@@ -137,6 +137,11 @@
 // (default: as many as the pool has; 0: never grow).
 #define GPUIO_OPTION_BOUNCE_GROWTH 11
 
+// 1 to 64: reactor threads, each with its own io_uring ring and an equal share of the bounce
+// pool (default 1). Small O_DIRECT reads at high depth are bound by one reactor's core: two
+// gave 11-13% more 4 KiB IOPS at depth 64 on a 16-core host, for about 0.7 more cores.
+#define GPUIO_OPTION_REACTORS 12
+
 // What a call did. `GPUIO_OK` is 0; every other value is a failure (or, for
 // `GPUIO_PENDING` and `GPUIO_ERR_TIMEOUT`, a request or transfer that is still running, or
 // no notification yet; for `GPUIO_ERR_RANGE`, an output buffer to enlarge), and

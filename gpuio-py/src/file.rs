@@ -12,7 +12,7 @@ use crate::errors::{int_arg, opt_int_arg, to_py};
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, spawn};
 
-/// A gpuio engine: one reactor thread (io_uring, or a pread pool) and its pinned bounce
+/// A gpuio engine: a reactor thread (io_uring, or a pread pool) and its pinned bounce
 /// pool; open files with ``open``. The keyword arguments are the library's builder settings
 /// (sizes in bytes, times in seconds; unset ones are sized from the machine, as
 /// ``gpuio.check()`` shows): ``backend`` ("auto", "uring", "pread", "gds"), ``chunk_size``,
@@ -22,7 +22,8 @@ use crate::runner::{block, spawn};
 /// ``bounce_slots``, ``bounce_growth``, ``pool_wait_limit``, ``pread_threads``,
 /// ``async_copy_threshold`` (-1: default, None: all copies inline), ``spdk_memory``,
 /// ``cufile_compat``, ``reactor_spin``, ``reactor_tick``, ``submission_polling`` (SQPOLL's idle
-/// time; default off), ``page_cache_fast_path`` (default True: small reads first try the page
+/// time; default off), ``reactors`` (reactor threads, each with its own ring and share of the
+/// pool; default 1: two lift small O_DIRECT reads at high depth), ``page_cache_fast_path`` (default True: small reads first try the page
 /// cache on the polling thread), ``mapped_reads``, ``page_cache_read_max``,
 /// ``residency_aware`` (default True:
 /// reads of 256 KiB or more of buffered files read what the page cache lacks with O_DIRECT;
@@ -45,7 +46,8 @@ impl Engine {
         page_cache_copies = None, copies_per_device = None, bounce_slots = None, bounce_growth = None, pool_wait_limit = None, pread_threads = None,
         async_copy_threshold = -1, spdk_memory = false, cufile_compat = false,
         reactor_spin = None, reactor_tick = None, residency_aware = true, mapped_reads = false,
-        page_cache_read_max = None, page_cache_fast_path = true, submission_polling = None))]
+        page_cache_read_max = None, page_cache_fast_path = true, submission_polling = None,
+        reactors = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -71,6 +73,7 @@ impl Engine {
         page_cache_read_max: Option<i128>,
         page_cache_fast_path: bool,
         submission_polling: Option<f64>,
+        reactors: Option<i128>,
     ) -> PyResult<Self> {
         let chunk_size: Option<usize> = opt_int_arg(py, "chunk_size", chunk_size)?;
         let buffered_chunk_size: Option<usize> =
@@ -86,6 +89,7 @@ impl Engine {
         let bounce_slots: Option<usize> = opt_int_arg(py, "bounce_slots", bounce_slots)?;
         let bounce_growth: Option<usize> = opt_int_arg(py, "bounce_growth", bounce_growth)?;
         let pread_threads: Option<usize> = opt_int_arg(py, "pread_threads", pread_threads)?;
+        let reactors: Option<usize> = opt_int_arg(py, "reactors", reactors)?;
         let page_cache_read_max: Option<usize> =
             opt_int_arg(py, "page_cache_read_max", page_cache_read_max)?;
         let backend: gpuio::Backend = backend
@@ -154,6 +158,9 @@ impl Engine {
         }
         if let Some(v) = submission_polling {
             b = b.submission_polling(seconds(v, "submission_polling")?);
+        }
+        if let Some(v) = reactors {
+            b = b.reactors(v);
         }
         let inner = crate::exit::detach(py, || b.build()).map_err(to_py)?;
         Ok(Engine { inner })

@@ -141,6 +141,8 @@ def test_bad_engine_settings_are_refused():
         gpuio.Engine(copies_per_device=0)
     with pytest.raises(ValueError, match="submission_polling"):
         gpuio.Engine(submission_polling=-1.0)
+    with pytest.raises(gpuio.InvalidInput, match="reactors 0"):
+        gpuio.Engine(reactors=0)
 
 
 def test_fast_path_and_submission_polling_settings_read_the_same_bytes(data_file):
@@ -156,6 +158,22 @@ def test_fast_path_and_submission_polling_settings_read_the_same_bytes(data_file
         for off in (0, 4096 * 3, len(data) - 4096):
             assert f.read_into(buf, off) == 4096 and bytes(buf) == data[off:off + 4096]
         assert e.cached_reads == 0
+
+
+def test_three_reactors_read_and_write_the_same_bytes(data_file, tmpdir_path):
+    # Reads take the reactors in turn; a file's writes keep to its own reactor, and a read
+    # right after a write sees it.
+    path, data = data_file
+    with gpuio.Engine(reactors=3, page_cache_fast_path=False) as e:
+        f = e.open(path)
+        buf = bytearray(len(data))
+        assert f.read_into(buf) == len(data) and bytes(buf) == data
+        out = e.open(os.path.join(tmpdir_path, "three.bin"), write=True, create=True)
+        for i in range(8):
+            block = bytes([i]) * 65536
+            assert out.write_from(block, 0) == 65536
+            back = bytearray(65536)
+            assert out.read_into(back, 0) == 65536 and bytes(back) == block
 
 
 def test_one_page_cache_copy_at_a_time_still_reads_everything(data_file):

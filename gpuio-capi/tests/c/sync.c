@@ -174,15 +174,17 @@ int main(int argc, char **argv) {
     /* Options beyond the settings struct: each engine reads the (now cached) file whole and
      * at an odd offset, the same bytes whatever path its options choose: the polling thread's
      * copy up to 64 MiB, only small reads there (64 KiB), or every read through the reactor
-     * with two page-cache copies and no reactor tick. */
-    const gpuio_engine_option sets[3][3] = {
+     * with two page-cache copies and no reactor tick, or through three reactors taking the
+     * pieces in turn. */
+    const gpuio_engine_option sets[4][3] = {
         {{GPUIO_OPTION_PAGE_CACHE_READ_MAX, 0, 64u << 20}},
         {{GPUIO_OPTION_PAGE_CACHE_READ_MAX, 0, 64u << 10}, {GPUIO_OPTION_IOWQ_WORKERS, 0, 4}},
         {{GPUIO_OPTION_PAGE_CACHE_FAST_PATH, 0, 0}, {GPUIO_OPTION_PAGE_CACHE_COPIES, 0, 2},
          {GPUIO_OPTION_REACTOR_TICK_US, 0, 0}},
+        {{GPUIO_OPTION_PAGE_CACHE_FAST_PATH, 0, 0}, {GPUIO_OPTION_REACTORS, 0, 3}},
     };
-    const size_t counts[3] = {1, 2, 3};
-    for (int i = 0; i < 3; i++) {
+    const size_t counts[4] = {1, 2, 3, 2};
+    for (int i = 0; i < 4; i++) {
         gpuio_engine *oe = NULL;
         CHECK(gpuio_engine_create_with_options(NULL, sets[i], counts[i], &oe));
         gpuio_file *of = NULL;

@@ -63,6 +63,7 @@ class Engine:
         page_cache_read_max: Optional[int] = None,
         page_cache_fast_path: bool = True,
         submission_polling: Optional[float] = None,
+        reactors: Optional[int] = None,
     ) -> None: ...
     @property
     def mapped_reads(self) -> int: ...
