@@ -122,6 +122,7 @@ pub async fn run(a: SoakArgs) -> CliResult {
         let engine = match Engine::builder()
             .backend(backend)
             .cufile_compat(true)
+            .reactors(a.reactors)
             .build()
         {
             Ok(e) => e,

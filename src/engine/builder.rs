@@ -398,7 +398,13 @@ impl EngineBuilder {
     /// for small O_DIRECT reads at high depth it is the limit, at about one core. Writes and
     /// syncs of a file, and its reads while a write of it is unfinished, stay on one reactor
     /// (the file's), so the range fence orders them as with one; other reads take the reactors
-    /// in turn. 1..=64, and at most one per bounce slot.
+    /// in turn. 1..=64, and at most one per bounce slot. One op (and a batch's reads in flight)
+    /// may hold a quarter of its reactor's share of the pool, so with several reactors give a
+    /// pool of that many times the size to keep large reads as deep. cuFile's in-flight limit is
+    /// shared between them too. Measured on a 16-core H200 host (BENCHMARKS.md, "Twentieth
+    /// session"): two reactors took 4 KiB O_DIRECT reads at depth 64 from 0.86-0.90x to
+    /// 0.97-0.98x fio's IOPS, for about 0.7 more cores; warm 16 MiB reads, small page-cache reads
+    /// and writes were unchanged. Hence one by default, two for small-read services.
     pub fn reactors(mut self, n: usize) -> Self {
         self.reactors = Some(n);
         self
@@ -444,8 +450,10 @@ impl EngineBuilder {
             spdk_memory: self.spdk_memory,
             block,
             slots: slots / n,
-            growth: growth / n,
+            // Growth of zero is "never grow"; otherwise every reactor may grow.
+            growth: if growth == 0 { 0 } else { share(growth) },
             queue_depth: sizing.queue_depth,
+            reactors: n,
             iowq: sizing.iowq_workers.map(|w| share(w as usize) as u32),
             pread_threads: share(self.pread_threads.unwrap_or(sizing.queue_depth.min(64))),
             uring: UringOptions {

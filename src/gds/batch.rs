@@ -79,6 +79,8 @@ pub(crate) struct BatchQueue {
     busy: Vec<Submitted>,
     created: usize,
     max_handles: usize,
+    /// Most entries this queue keeps in cuFile: its share of the process's limit.
+    max_inflight: usize,
     queued: Vec<BatchEntry>,
     params: Vec<RawIoParams>,
     events: Vec<RawIoEvent>,
@@ -89,13 +91,17 @@ pub(crate) struct BatchQueue {
 unsafe impl Send for BatchQueue {}
 
 impl BatchQueue {
-    pub(crate) fn new(cf: &'static Cufile, max_handles: usize) -> Self {
+    /// A queue of at most `max_handles` batch handles that keeps at most `1/shares` of the
+    /// in-flight limit in cuFile: an engine with several reactors has a queue in each, and
+    /// together they stay within the limit past which compatibility mode hangs.
+    pub(crate) fn new(cf: &'static Cufile, max_handles: usize, shares: usize) -> Self {
         BatchQueue {
             cf,
             idle: Vec::new(),
             busy: Vec::new(),
             created: 0,
             max_handles: max_handles.max(1),
+            max_inflight: (max_inflight() / shares.max(1)).max(1),
             queued: Vec::new(),
             params: Vec::with_capacity(BATCH_MAX),
             events: vec![RawIoEvent::EMPTY; BATCH_MAX],
@@ -131,7 +137,7 @@ impl BatchQueue {
     pub(crate) fn submit(&mut self, out: &mut Vec<Completion>) {
         while !self.queued.is_empty() {
             let in_cufile: usize = self.busy.iter().map(|b| b.left).sum();
-            let room = max_inflight().saturating_sub(in_cufile);
+            let room = self.max_inflight.saturating_sub(in_cufile);
             if room == 0 {
                 return;
             }

@@ -26,11 +26,23 @@ const POLL_INTERVAL: Duration = Duration::from_micros(20);
 /// set up on the first op it serves (with the pool on that op's GPU). Routing, the meaning of
 /// cuFile's result codes and the per-file fallback live here, behind `trait Lane`: the reactor
 /// names none of them.
-#[derive(Default)]
 pub(crate) struct CufileLane {
     ready: Option<CufileBatch>,
     /// Why the lane could not be set up (asked once per engine).
     unavailable: Option<String>,
+    /// The engine's reactors, each with a lane of its own: they share cuFile's in-flight limit.
+    reactors: usize,
+}
+
+impl CufileLane {
+    /// The lane of one of an engine's `reactors` reactors.
+    pub(crate) fn for_reactor_of(reactors: usize) -> Self {
+        CufileLane {
+            ready: None,
+            unavailable: None,
+            reactors,
+        }
+    }
 }
 
 /// The set-up lane: its batch queue and staging pool.
@@ -49,7 +61,7 @@ impl CufileLane {
             }
             let made = cufile().and_then(|cf| {
                 Ok(CufileBatch {
-                    queue: BatchQueue::new(cf, BATCH_HANDLES),
+                    queue: BatchQueue::new(cf, BATCH_HANDLES, self.reactors),
                     pool: Arc::new(DeviceStagingPool::new(ctx, bytes)?),
                 })
             });

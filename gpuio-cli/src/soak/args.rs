@@ -28,6 +28,10 @@ pub struct SoakArgs {
     /// Concurrent tasks (thousands make a cancellation storm).
     #[arg(long, default_value_t = 32, value_parser = validate::count(MAX_TASKS))]
     pub(super) tasks: usize,
+    /// Reactor threads per file engine (`EngineBuilder::reactors`): reads take them in turn,
+    /// each file's writes keep to one.
+    #[arg(long, default_value_t = 1, value_parser = validate::whole(1usize, 64))]
+    pub(super) reactors: usize,
     /// Regions the file is cut into, each at least 4K of --size; a write holds its region
     /// alone, reads share it.
     #[arg(long, default_value_t = 64, value_parser = validate::positive_count)]

@@ -26,6 +26,8 @@ pub(super) struct ReactorPlan {
     pub(super) slots: usize,
     pub(super) growth: usize,
     pub(super) queue_depth: usize,
+    /// Reactors of the engine (side lanes share limits between them).
+    pub(super) reactors: usize,
     pub(super) iowq: Option<u32>,
     pub(super) pread_threads: usize,
     pub(super) uring: UringOptions,
@@ -66,6 +68,7 @@ impl ReactorPlan {
             self.uring,
         );
         let cfg = self.cfg.clone();
+        let reactors = self.reactors;
         let reactor_shared = shared.clone();
         // Dropped when the reactor thread ends (however it ends): what the engine's drop waits on.
         let (exit_tx, exit_rx) = sync_channel::<()>(0);
@@ -93,7 +96,7 @@ impl ReactorPlan {
                     tracing::info!(backend = info.name, detail = %info.detail, "gpuio engine started");
                 }
                 let _ = setup_tx.send(Ok(info));
-                Reactor::new(rx, main, side_lanes(), reactor_shared, cfg).run_to_end();
+                Reactor::new(rx, main, side_lanes(reactors), reactor_shared, cfg).run_to_end();
             })
             .map_err(|e| Error::io(ctx(), e))?;
         let info = match setup_rx.recv() {
@@ -124,10 +127,12 @@ impl ReactorPlan {
 /// The lanes beside the main one, from the backends this build has: each takes the ops it
 /// serves when the reactor asks (`Lane::route`); an unused one costs nothing (cuFile sets its
 /// staging pool up on its first op, SPDK its queue pairs on a namespace's first op).
-fn side_lanes() -> Vec<Box<dyn crate::lane::Lane>> {
+fn side_lanes(
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))] reactors: usize,
+) -> Vec<Box<dyn crate::lane::Lane>> {
     vec![
         #[cfg(feature = "cuda")]
-        Box::new(crate::gds::lane::CufileLane::default()),
+        Box::new(crate::gds::lane::CufileLane::for_reactor_of(reactors)),
         Box::new(crate::spdk::lane::SpdkLane::new()),
     ]
 }
