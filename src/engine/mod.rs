@@ -1,6 +1,5 @@
 //! [`Engine`]: a handle to one reactor thread and its bounce pool.
 
-use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::{Error, OpKind, Result};
@@ -341,53 +340,28 @@ impl Engine {
             r.begin_close();
         }
         // Each reactor gets its message at the first poll, so they drain side by side.
-        let mut stops: Vec<Option<OpFuture<NoTransfer>>> = self
-            .inner
-            .reactors
-            .iter()
-            .map(|r| {
-                Some(OpFuture::with_message(
-                    r.shared.clone(),
-                    OpKind::Shutdown,
-                    NoTransfer,
-                    Msg::Shutdown(SubmitMsg {
-                        shared: None,
-                        req: None,
-                    }),
-                ))
-            })
-            .collect();
-        let mut outcomes: Vec<Option<Result<u64>>> = stops.iter().map(|_| None).collect();
-        std::future::poll_fn(|cx| {
-            let mut pending = false;
-            for (stop, outcome) in stops.iter_mut().zip(outcomes.iter_mut()) {
-                if let Some(fut) = stop {
-                    match std::pin::Pin::new(fut).poll(cx) {
-                        std::task::Poll::Ready(r) => {
-                            *outcome = Some(r);
-                            *stop = None;
-                        }
-                        std::task::Poll::Pending => pending = true,
-                    }
-                }
-            }
-            if pending {
-                std::task::Poll::Pending
-            } else {
-                std::task::Poll::Ready(())
-            }
-        })
-        .await;
+        let stops = self.inner.reactors.iter().map(|r| {
+            OpFuture::with_message(
+                r.shared.clone(),
+                OpKind::Shutdown,
+                NoTransfer,
+                Msg::Shutdown(SubmitMsg {
+                    shared: None,
+                    req: None,
+                }),
+            )
+        });
+        let outcomes = futures::future::join_all(stops).await;
         let mut first_err = None;
         for (outcome, r) in outcomes.into_iter().zip(self.inner.reactors.iter()) {
             let outcome = match outcome {
-                Some(Ok(_)) | None => Ok(()),
+                Ok(_) => Ok(()),
                 // Already stopped: that is what was asked for, unless the reactor died.
-                Some(Err(Error::Shutdown { ctx })) => match r.shared.reactor.refusal(*ctx) {
+                Err(Error::Shutdown { ctx }) => match r.shared.reactor.refusal(*ctx) {
                     Error::Shutdown { .. } => Ok(()),
                     died => Err(died),
                 },
-                Some(Err(e)) => Err(e),
+                Err(e) => Err(e),
             };
             if let Err(e) = outcome {
                 first_err.get_or_insert(e);
