@@ -54,6 +54,10 @@ pub struct LoadArgs {
     /// memory, without a CPU copy (`EngineBuilder::mapped_reads`).
     #[arg(long)]
     mapped_reads: bool,
+    /// Reactor threads of the engine (`EngineBuilder::reactors`); the library's default
+    /// (one) when absent.
+    #[arg(long, value_parser = crate::validate::whole(1usize, 64))]
+    reactors: Option<usize>,
 }
 
 pub async fn run(a: LoadArgs) -> CliResult {
@@ -76,7 +80,11 @@ pub async fn run(a: LoadArgs) -> CliResult {
         (None, Some(n)) => Some((n, replicate_rule as Rule, "replicas")),
         (None, None) => None,
     };
-    let engine = Engine::builder().mapped_reads(a.mapped_reads).build()?;
+    let mut engine = Engine::builder().mapped_reads(a.mapped_reads);
+    if let Some(n) = a.reactors {
+        engine = engine.reactors(n);
+    }
+    let engine = engine.build()?;
     let t = Instant::now();
     let mut model = SafetensorsModel::open(&engine, &a.path).await?;
     let show_progress = !a.no_progress && (a.progress || std::io::stderr().is_terminal());

@@ -393,18 +393,20 @@ impl EngineBuilder {
     }
 
     /// Reactor threads (default 1). Each has its own queue, io_uring ring (or pread pool), op
-    /// table and an equal share of the bounce pool, of its growth and of the page-cache copy
-    /// caps; the queue depth is per reactor. One reactor submits and completes every piece, and
-    /// for small O_DIRECT reads at high depth it is the limit, at about one core. Writes and
-    /// syncs of a file, and its reads while a write of it is unfinished, stay on one reactor
-    /// (the file's), so the range fence orders them as with one; other reads take the reactors
-    /// in turn. 1..=64, and at most one per bounce slot. One op (and a batch's reads in flight)
-    /// may hold a quarter of its reactor's share of the pool, so with several reactors give a
-    /// pool of that many times the size to keep large reads as deep. cuFile's in-flight limit is
-    /// shared between them too. Measured on a 16-core H200 host (BENCHMARKS.md, "Twentieth
-    /// session"): two reactors took 4 KiB O_DIRECT reads at depth 64 from 0.86-0.90x to
-    /// 0.97-0.98x fio's IOPS, for about 0.7 more cores; warm 16 MiB reads, small page-cache reads
-    /// and writes were unchanged. Hence one by default, two for small-read services.
+    /// table and an equal share of the bounce pool and of its growth; the queue depth is per
+    /// reactor. One reactor submits and completes every piece, and for small O_DIRECT reads at
+    /// high depth it is the limit, at about one core. Writes and syncs of a file, and its reads
+    /// while a write of it is unfinished, stay on one reactor (the file's), so the range fence
+    /// orders them as with one; other reads take the reactors in turn. 1..=64, and at most one
+    /// per bounce slot. The page-cache copy cap is the engine's: each reactor may run its share
+    /// and borrows the rest while the others leave it. One op (and a batch's reads in flight)
+    /// may hold a quarter of the engine's pool, at most half of its reactor's share, so one
+    /// large read keeps as much in flight with two reactors as with one; past two, give a
+    /// larger pool to keep it as deep. cuFile's in-flight limit is shared between the reactors
+    /// too. Measured on a 16-core H200 host (BENCHMARKS.md, "Twentieth session"): two reactors
+    /// took 4 KiB O_DIRECT reads at depth 64 from 0.86-0.90x to 0.97-0.98x fio's IOPS, for
+    /// about 0.7 more cores; warm 16 MiB reads, small page-cache reads and writes were
+    /// unchanged. Hence one by default, two for small-read services.
     pub fn reactors(mut self, n: usize) -> Self {
         self.reactors = Some(n);
         self
@@ -440,9 +442,13 @@ impl EngineBuilder {
             cached_fast_path: self.cached_fast_path,
             host_cached_max: self.host_cached_max.max(crate::op::cached::CACHED_READ_MAX),
             mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
+            residency_aware: self.residency_aware,
         };
-        // Each reactor gets an equal share of the pool, of its growth and of the engine-wide
-        // caps (rounded up: every reactor may copy out of the page cache).
+        // Each reactor gets an equal share of the pool, of its growth and of the pread
+        // threads. The page-cache copies are the engine's: a reactor may always run its share
+        // and borrows the rest from the others (`Reactor::copies_free`), so one large read on
+        // one reactor copies as widely as with one reactor. Each ring's io-wq therefore has
+        // room for all of them.
         let n = sizing.reactors;
         let share = |v: usize| v.div_ceil(n).max(1);
         let plan = start::ReactorPlan {
@@ -454,7 +460,9 @@ impl EngineBuilder {
             growth: if growth == 0 { 0 } else { share(growth) },
             queue_depth: sizing.queue_depth,
             reactors: n,
-            iowq: sizing.iowq_workers.map(|w| share(w as usize) as u32),
+            iowq: sizing
+                .iowq_workers
+                .map(|w| share(w as usize).max(sizing.page_cache_copies.min(w as usize)) as u32),
             pread_threads: share(self.pread_threads.unwrap_or(sizing.queue_depth.min(64))),
             uring: UringOptions {
                 ext_arg: self.uring_ext_arg,
@@ -464,8 +472,9 @@ impl EngineBuilder {
                 buffered_chunk: sizing.buffered_chunk,
                 direct_chunk: sizing.direct_chunk,
                 queue_depth: sizing.queue_depth,
-                page_cache_copies: share(sizing.page_cache_copies),
-                copies_per_device: share(sizing.copies_per_device),
+                page_cache_copies: sizing.page_cache_copies,
+                reactors: n,
+                copies_per_device: sizing.copies_per_device,
                 punt_min: self.punt_min,
                 residency_min: self
                     .residency_aware

@@ -381,7 +381,7 @@ impl Engine {
 
     /// Most bounce bytes one operation may hold; batches keep their reads in flight within it.
     pub(crate) fn op_window(&self) -> usize {
-        crate::reactor::op_window(&self.inner.primary().arena)
+        crate::reactor::op_window(&self.inner.primary().arena, self.inner.reactors.len())
     }
 
     /// The primary reactor's handle: the engine's policy, counters and fast paths.

@@ -24,6 +24,9 @@ pub(crate) struct OpPolicy {
     /// (`op::cached`), in pieces of at most [`HOST_POLL_PIECE`](super::cached::HOST_POLL_PIECE)
     /// per poll.
     pub(crate) host_cached_max: usize,
+    /// Large reads of buffered files go O_DIRECT where the page cache lacks their data
+    /// (`EngineBuilder::residency_aware`).
+    pub(crate) residency_aware: bool,
 }
 
 impl OpPolicy {
@@ -45,6 +48,7 @@ impl Default for OpPolicy {
             cached_fast_path: true,
             mapped_reads: false,
             host_cached_max: super::cached::HOST_CACHED_READ_MAX,
+            residency_aware: true,
         }
     }
 }
@@ -73,6 +77,9 @@ pub(crate) struct EngineShared {
     /// Writes whose futures exist and whose ops the reactor has not finished, per file
     /// (`request::PendingWrite`).
     pub(crate) writes_pending: Arc<PendingWrites>,
+    /// Page-cache copies in flight in all of the engine's reactors together: a reactor past
+    /// its share of the cap borrows what the others leave (`Reactor::copies_free`).
+    pub(crate) page_cache_copies: Arc<AtomicUsize>,
     pub(crate) policy: OpPolicy,
     pub(crate) stats: EngineStats,
     /// Pinned memory batches into device memory stage page-cache reads in (`cuda::stage`).
@@ -90,6 +97,7 @@ impl EngineShared {
             reactor,
             arena,
             writes_pending: Arc::new(PendingWrites::new()),
+            page_cache_copies: Arc::default(),
             policy,
             stats: EngineStats::default(),
             #[cfg(feature = "cuda")]
@@ -101,12 +109,14 @@ impl EngineShared {
 
     /// The handle of another reactor of the same engine (`EngineBuilder::reactors`): its own
     /// queue, pool and counters; this one's policy, registry of unfinished writes (which routes
-    /// reads of a file being written to its home reactor) and device stages.
+    /// reads of a file being written to its home reactor), count of page-cache copies and
+    /// device stages.
     pub(crate) fn sibling(&self, reactor: ReactorHandle, arena: Arc<BounceArena>) -> Self {
         EngineShared {
             reactor,
             arena,
             writes_pending: self.writes_pending.clone(),
+            page_cache_copies: self.page_cache_copies.clone(),
             policy: self.policy,
             stats: EngineStats::default(),
             #[cfg(feature = "cuda")]

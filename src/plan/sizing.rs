@@ -165,8 +165,8 @@ impl Sizing {
                  default allows four per CPU)"
             ),
             "reactors 1: one thread submits and completes every piece; two lift small O_DIRECT \
-             reads at depth (0.86x to 0.97x fio at 4 KiB QD64 on 16 cores) for about 0.7 cores \
-             and half the pool each (EngineBuilder::reactors)"
+             reads at depth (0.86x to 0.97x fio at 4 KiB QD64 on 16 cores) for about 0.7 cores, \
+             each with half the pool (EngineBuilder::reactors)"
                 .to_string(),
         ];
         Sizing {

@@ -37,6 +37,12 @@ impl Reactor {
             }
             Some(reason) => self.die(reason),
         }
+        // Copies this reactor still counted leave the engine's count, so the reactors that
+        // live on may use the whole cap (a drained reactor counts none).
+        self.engine.page_cache_copies.fetch_sub(
+            std::mem::take(&mut self.page_cache_copies_in_flight),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         // Submissions that raced the close fail now, naming the death where there was one
         // (SubmitMsg's Drop would say only "shut down"). `mark_dead` closed the channel:
         // once the sends that found it open have landed, nothing more arrives (later sends

@@ -160,6 +160,7 @@ mod tests {
             direct_chunk: chunk,
             queue_depth: qd,
             page_cache_copies: qd,
+            reactors: 1,
             copies_per_device: qd,
             punt_min: None,
             residency_min: None,

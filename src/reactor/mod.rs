@@ -97,10 +97,13 @@ use entry::OpEntry;
 use fence::{RangeFence, Ticket};
 use slots::{PoolStall, Slots};
 
-/// Most bounce bytes one op may hold (a quarter of the pool), so a leaked future, whose slots
-/// are never given back, cannot take the whole pool.
-pub(crate) fn op_window(arena: &BounceArena) -> usize {
-    (arena.block_size() * arena.blocks() / 4).max(arena.block_size())
+/// Most bounce bytes one op may hold: a quarter of the engine's pool, so a leaked future,
+/// whose slots are never given back, cannot take the whole pool; with several reactors
+/// (`reactors`), each holding an equal part of the pool in `arena`, at most half of its own
+/// reactor's part. One large read (a checkpoint's data section) then keeps as much in flight
+/// with two reactors as with one.
+pub(crate) fn op_window(arena: &BounceArena, reactors: usize) -> usize {
+    (arena.block_size() * arena.blocks() * reactors.clamp(1, 2) / 4).max(arena.block_size())
 }
 
 /// A piece started by the reactor: in a lane, or held back by the fence.
@@ -132,6 +135,9 @@ pub(crate) struct ReactorConfig {
     /// buffered pieces count too (residency-aware reads send large cold ranges O_DIRECT,
     /// which is not counted); the pread backend is not capped.
     pub(crate) page_cache_copies: usize,
+    /// Reactors of the engine: each may always run its share of the page-cache copies, and
+    /// borrows past it what the others leave (`Reactor::copies_free`).
+    pub(crate) reactors: usize,
     /// Most page-cache copies per GPU while every open read lands in GPU memory
     /// (`Reactor::page_cache_cap`).
     pub(crate) copies_per_device: usize,
@@ -248,7 +254,7 @@ impl Reactor {
             cfg.copies_per_device = usize::MAX;
         }
         let arena = engine.arena.clone();
-        let op_window = op_window(&arena);
+        let op_window = op_window(&arena, cfg.reactors);
         Reactor {
             rx,
             doorbell: engine.reactor.doorbell.clone(),

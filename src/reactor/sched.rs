@@ -10,6 +10,7 @@ use crate::op::ReadyPiece;
 use crate::plan::{Piece, Via, residency};
 use crate::target::Target;
 use std::os::fd::AsFd;
+use std::sync::atomic::Ordering;
 
 /// Which descriptor a piece of a residency-aware read goes through: the O_DIRECT twin where
 /// the page cache lacks a quarter or more of it, else the buffered descriptor (also when the
@@ -106,6 +107,36 @@ impl Reactor {
             .max(1)
     }
 
+    /// Page-cache copies this reactor may start now. The cap is the engine's: each of its
+    /// reactors may always run its share (the cap over the reactors, rounded up), and past it
+    /// borrows what the others leave of the cap (`EngineShared::page_cache_copies`), so one
+    /// large read on one reactor copies as widely as with one reactor. An op parks only where
+    /// this reactor holds its share in copies of its own, whose end unparks it: no reactor
+    /// waits for another. With one reactor, the cap less the copies in flight.
+    pub(super) fn copies_free(&self) -> usize {
+        let cap = self.page_cache_cap();
+        let own = cap
+            .div_ceil(self.cfg.reactors.max(1))
+            .saturating_sub(self.page_cache_copies_in_flight);
+        let engine = self.engine.page_cache_copies.load(Ordering::Relaxed);
+        own.max(cap.saturating_sub(engine))
+    }
+
+    /// Counts a page-cache copy started (`up`) or ended, here and engine-wide.
+    pub(super) fn count_copy(&mut self, up: bool) {
+        if up {
+            self.page_cache_copies_in_flight += 1;
+            self.engine
+                .page_cache_copies
+                .fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.page_cache_copies_in_flight -= 1;
+            self.engine
+                .page_cache_copies
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Starts pieces while the queue depth, the bounce pool and the page-cache copies allow.
     /// Ops parked for a copy are woken while copies are free, before and after each pass: a
     /// woken op may start no copy at all (its next pieces go O_DIRECT, lie past the end of
@@ -128,7 +159,7 @@ impl Reactor {
                 .get(key)
                 .is_some_and(|op| op.queue == Queue::PageCacheParked)
             {
-                return self.page_cache_copies_in_flight < self.page_cache_cap();
+                return self.copies_free() > 0;
             }
             self.page_cache_parked.pop_front();
         }
@@ -137,9 +168,7 @@ impl Reactor {
 
     /// Puts parked ops back in the run queue, oldest first, one per free copy.
     fn wake_parked(&mut self) {
-        let mut free = self
-            .page_cache_cap()
-            .saturating_sub(self.page_cache_copies_in_flight);
+        let mut free = self.copies_free();
         while free > 0 && self.may_wake_parked() {
             let Some(key) = self.page_cache_parked.pop_front() else {
                 break;
@@ -169,7 +198,7 @@ impl Reactor {
         let mut starved = false;
         let mut starved_on_device = false;
         while let Some(&key) = self.runnable.front() {
-            let cap = self.page_cache_cap();
+            let copy_free = self.copies_free() > 0;
             let op = &mut self.ops[key];
             if op.all_started() {
                 self.runnable.pop_front();
@@ -200,7 +229,7 @@ impl Reactor {
                 break;
             }
             let on_device = op.device_staged() && piece.via == Via::Main;
-            if self.page_cache_copies_in_flight >= cap
+            if !copy_free
                 && page_cache_copy(self.cfg.punt_min, &op.file, &piece, op.kind, on_device)
             {
                 // Every page-cache copy is taken: this op waits for one to end, and ops
@@ -311,7 +340,9 @@ impl Reactor {
                 op.kind,
                 slot.as_ref().is_some_and(|s| s.on_device),
             );
-        self.page_cache_copies_in_flight += usize::from(by_copy);
+        if by_copy {
+            self.count_copy(true);
+        }
         let token = self.ios.insert(InflightIo {
             op: key,
             kind,
@@ -360,7 +391,9 @@ impl Reactor {
             self.fence.release(t);
         }
         // A parked op takes the freed copy at the next `schedule`.
-        self.page_cache_copies_in_flight -= usize::from(io.page_cache_copy);
+        if io.page_cache_copy {
+            self.count_copy(false);
+        }
         io
     }
 

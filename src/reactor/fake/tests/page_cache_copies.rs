@@ -201,3 +201,52 @@ fn reads_into_gpus_get_copies_per_gpu_in_use() {
     );
     assert!(h.reactor.readers.is_empty());
 }
+
+/// With two reactors the cap is the engine's: while the other reactor holds all of it, this
+/// one still runs its share (half, rounded up); once the other's copies end, it borrows up to
+/// the whole cap; and its count leaves the engine's as its copies end.
+#[test]
+fn reactors_run_their_share_and_borrow_the_rest() {
+    use std::sync::atomic::Ordering;
+    let mut h = harness(64 * K, 64, 64 * K, 64);
+    h.reactor.cfg.punt_min = Some(64 * K);
+    h.reactor.cfg.page_cache_copies = 4;
+    h.reactor.cfg.reactors = 2;
+    let engine = h.handle.page_cache_copies.clone();
+    // The other reactor holds the whole cap.
+    engine.store(4, Ordering::Relaxed);
+    let file = Arc::new(Target::fake(1));
+    let big = h.read(&file, 0, 16 * 64 * K as u64);
+    h.turn();
+    assert_eq!(h.pending().len(), 2, "its share of four over two reactors");
+    assert_eq!(engine.load(Ordering::Relaxed), 6);
+    h.turn();
+    assert_eq!(
+        h.pending().len(),
+        2,
+        "no more while the other holds the cap"
+    );
+    // The other reactor's copies end: this one borrows up to the cap.
+    engine.fetch_sub(4, Ordering::Relaxed);
+    h.turn();
+    assert_eq!(h.pending().len(), 4, "the whole cap, borrowed");
+    let mut got = 0;
+    for _ in 0..64 {
+        h.complete_all();
+        h.turn();
+        got += h.take_read(&big);
+        h.turn();
+        assert!(h.pending().len() <= 4, "never past the engine's cap");
+        if big.peek_result().is_some() {
+            break;
+        }
+    }
+    assert_eq!(got, 16 * 64 * K);
+    assert_eq!(big.peek_result(), Some(Ok(16 * 64 * K as u64)));
+    assert_eq!(h.reactor.page_cache_copies_in_flight, 0);
+    assert_eq!(
+        engine.load(Ordering::Relaxed),
+        0,
+        "the engine's count is back to nothing"
+    );
+}
