@@ -40,6 +40,7 @@
 mod catalog;
 #[cfg(feature = "cuda")]
 mod device;
+mod owned;
 mod spread;
 
 pub use catalog::{Catalog, Extent, RecordKind};
@@ -251,58 +252,80 @@ impl BatchPlan {
         progress: Option<&'a Arc<Progress>>,
     ) -> impl Future<Output = BatchResult> + Send + 'a {
         async move {
-            let mut results: Vec<Option<Result<usize>>> = self
-                .rejected
-                .iter()
-                .enumerate()
-                .map(|(i, r)| r.as_ref().map(|why| Err(self.invalid(i, why.clone()))))
-                .collect();
-            for (i, d) in self.descs.iter().enumerate() {
-                if results[i].is_none() && d.len == 0 {
-                    results[i] = Some(Ok(0));
-                }
-            }
             let dst_len = match dst.target() {
                 ReadTarget::Host(b) => b.len(),
                 #[cfg(feature = "cuda")]
                 ReadTarget::Device(d) => d.byte_len(),
             };
-            let (fit, too_far): (Vec<&Run>, Vec<&Run>) = self
-                .runs
-                .iter()
-                .partition(|r| r.dst_offset + r.len <= dst_len);
-            let fit: Vec<RunOf<'_>> = fit
-                .into_iter()
-                .map(|run| RunOf {
-                    run,
-                    file: &self.descs[run.file].file,
-                })
-                .collect();
-            for r in too_far {
-                for &m in &r.members {
-                    let d = &self.descs[m];
-                    let why = format!(
-                        "destination range {}..{} is past the destination's {dst_len} bytes",
-                        d.dst_offset,
-                        d.dst_offset + d.len
-                    );
-                    results[m] = Some(Err(self.invalid(m, why)));
-                }
-            }
-            if let Some(p) = progress {
-                p.add_total(fit.iter().map(|r| r.len() as u64).sum());
-            }
+            let (results, fit) = self.runnable(dst_len, progress);
             let outcomes = match dst.target() {
                 ReadTarget::Host(buf) => read_host(&fit, buf, progress).await,
                 #[cfg(feature = "cuda")]
                 ReadTarget::Device(d) => device::read_batch_device(&fit, d, progress).await,
             };
-            for (r, outcome) in fit.iter().zip(outcomes) {
-                distribute(r.run, outcome, &self.descs, &mut results);
+            self.gather(&fit, outcomes, results)
+        }
+    }
+
+    /// What a run into a destination of `dst_len` bytes starts from: the results of the
+    /// descriptors that cannot run (rejected by the plan, empty, or past the destination's
+    /// end), and the runs that can, whose bytes are added to `progress`'s total.
+    fn runnable(
+        &self,
+        dst_len: usize,
+        progress: Option<&Arc<Progress>>,
+    ) -> (Vec<Option<Result<usize>>>, Vec<RunOf<'_>>) {
+        let mut results: Vec<Option<Result<usize>>> = self
+            .rejected
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.as_ref().map(|why| Err(self.invalid(i, why.clone()))))
+            .collect();
+        for (i, d) in self.descs.iter().enumerate() {
+            if results[i].is_none() && d.len == 0 {
+                results[i] = Some(Ok(0));
             }
-            BatchResult {
-                results: results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect(),
+        }
+        let (fit, too_far): (Vec<&Run>, Vec<&Run>) = self
+            .runs
+            .iter()
+            .partition(|r| r.dst_offset + r.len <= dst_len);
+        let fit: Vec<RunOf<'_>> = fit
+            .into_iter()
+            .map(|run| RunOf {
+                run,
+                file: &self.descs[run.file].file,
+            })
+            .collect();
+        for r in too_far {
+            for &m in &r.members {
+                let d = &self.descs[m];
+                let why = format!(
+                    "destination range {}..{} is past the destination's {dst_len} bytes",
+                    d.dst_offset,
+                    d.dst_offset + d.len
+                );
+                results[m] = Some(Err(self.invalid(m, why)));
             }
+        }
+        if let Some(p) = progress {
+            p.add_total(fit.iter().map(|r| r.len() as u64).sum());
+        }
+        (results, fit)
+    }
+
+    /// Hands each run's outcome to its descriptors: the batch's result.
+    fn gather(
+        &self,
+        fit: &[RunOf<'_>],
+        outcomes: Vec<Result<usize>>,
+        mut results: Vec<Option<Result<usize>>>,
+    ) -> BatchResult {
+        for (r, outcome) in fit.iter().zip(outcomes) {
+            distribute(r.run, outcome, &self.descs, &mut results);
+        }
+        BatchResult {
+            results: results.into_iter().map(|r| r.unwrap_or(Ok(0))).collect(),
         }
     }
 
@@ -394,26 +417,41 @@ pub(crate) async fn read_bounded<P: ReadDst + ?Sized>(
     pieces: Vec<&mut P>,
     progress: Option<&Arc<Progress>>,
 ) -> Vec<Result<usize>> {
-    use futures::StreamExt;
     let window = runs.first().map_or(0, |r| r.file.engine().op_window());
-    let mut results: Vec<Option<Result<usize>>> = (0..runs.len()).map(|_| None).collect();
+    let lens: Vec<usize> = runs.iter().map(|r| r.len()).collect();
+    let mut pieces: Vec<Option<&mut P>> = pieces.into_iter().map(Some).collect();
+    run_bounded(&lens, window, |i| {
+        let piece = pieces[i].take().expect("run_bounded starts each job once");
+        runs[i].read(piece, progress)
+    })
+    .await
+}
+
+/// Runs jobs `0..lens.len()` (job `i` moves `lens[i]` bytes and is started by `start(i)`), as
+/// many at once as fit in `window` bytes (at least one), in order; each job's result.
+pub(crate) async fn run_bounded<F, Fut>(
+    lens: &[usize],
+    window: usize,
+    mut start: F,
+) -> Vec<Result<usize>>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<usize>>,
+{
+    use futures::StreamExt;
+    let mut results: Vec<Option<Result<usize>>> = (0..lens.len()).map(|_| None).collect();
     let mut pending = futures::stream::FuturesUnordered::new();
-    let mut queue = runs.iter().zip(pieces).enumerate().peekable();
-    let mut in_flight = 0usize;
+    let (mut next, mut in_flight) = (0, 0usize);
     loop {
-        while let Some((_, (r, _))) = queue.peek() {
-            if in_flight > 0 && in_flight + r.len() > window {
-                break;
-            }
-            let Some((i, (r, piece))) = queue.next() else {
-                break;
-            };
-            in_flight += r.len();
-            pending.push(async move { (i, r.len(), r.read(piece, progress).await) });
+        while next < lens.len() && (in_flight == 0 || in_flight + lens[next] <= window) {
+            in_flight += lens[next];
+            let (i, job) = (next, start(next));
+            next += 1;
+            pending.push(async move { (i, job.await) });
         }
         match pending.next().await {
-            Some((i, len, res)) => {
-                in_flight -= len;
+            Some((i, res)) => {
+                in_flight -= lens[i];
                 results[i] = Some(res);
             }
             None => break,

@@ -14,6 +14,7 @@ pub(crate) mod owned;
 pub(crate) mod quarantine;
 #[cfg(feature = "cuda")]
 pub mod raw_device;
+pub(crate) mod region;
 
 use bytes::{Bytes, BytesMut};
 

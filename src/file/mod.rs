@@ -304,15 +304,22 @@ impl File {
         match crate::buf::owned::OwnedHostBuf::take(buf) {
             Ok(mut owned) => {
                 let (addr, len) = owned.addr_len();
-                let a = self.inner.align.max(1);
-                let in_place = self.inner.nvme.is_none()
-                    && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0));
-                if !in_place {
+                if !self.lands_in_place(offset, len, addr) {
                     let r = self.read_into(owned.as_mut_slice(), offset).await;
                     return (r, owned.into_original());
                 }
-                let r = self.read_in_place(owned, offset, len, addr).await;
-                (r.0, r.1.into_original())
+                let kind = owned.kind();
+                // SAFETY: `owned`'s heap memory is `addr..addr + len`, it moves with the box
+                // (moving a `Vec`, `BytesMut` or `AlignedBuf` leaves its memory where it is),
+                // and nothing else can reach it while the engine holds the box.
+                let (r, back) =
+                    unsafe { self.read_in_place(offset, len, addr, owned.into_any()) }.await;
+                let owned = back
+                    .and_then(|b| crate::buf::owned::OwnedHostBuf::<B>::from_any(b, kind))
+                    // The reactor kept the buffer because the kernel may still write it (it
+                    // died with the read in flight): an empty buffer of the same kind comes back.
+                    .unwrap_or_else(|| crate::buf::owned::OwnedHostBuf::empty(kind));
+                (r, owned.into_original())
             }
             Err(mut buf) => {
                 let r = self.read_into(&mut buf, offset).await;
@@ -321,42 +328,66 @@ impl File {
         }
     }
 
-    /// The in-place half of [`File::read_owned`]: the reactor reads into `owned` directly.
-    async fn read_in_place<B: 'static>(
+    /// Whether a read of `len` bytes at `offset` into host memory at `addr` can land in place
+    /// (the kernel writing that memory itself): not on an NVMe namespace, and for O_DIRECT
+    /// files with offset, length and address aligned to the file's alignment.
+    pub(crate) fn lands_in_place(&self, offset: u64, len: usize, addr: usize) -> bool {
+        let a = self.inner.align.max(1);
+        self.inner.nvme.is_none()
+            && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0))
+    }
+
+    /// Whether a read of `len` bytes at `offset` would go O_DIRECT for what the page cache
+    /// lacks (`EngineBuilder::residency_aware`): large, of a buffered file, and a quarter or
+    /// more of it missing from the cache now. Such a read is faster through bounce slots than
+    /// in place, where the kernel's workers would read it through the page cache.
+    pub(crate) fn reads_direct(&self, offset: u64, len: usize) -> bool {
+        use crate::plan::residency;
+        let t = &self.inner;
+        self.engine.shared().policy.residency_aware
+            && len as u64 >= residency::RESIDENCY_MIN_READ
+            && t.dio.is_none()
+            && t.nvme.is_none()
+            && t.fd.as_ref().is_some_and(|fd| {
+                residency::estimate(fd.as_fd(), offset, len as u64)
+                    .is_ok_and(|r| r.prefers_direct())
+            })
+    }
+
+    /// Reads `len` bytes at `offset` straight into host memory at `addr`, which `keep` owns:
+    /// the engine holds `keep` until the kernel is done with the memory and hands it back with
+    /// the result (`None`: the reactor died with the read in flight and keeps it for good).
+    ///
+    /// # Safety
+    /// `keep` keeps `addr..addr + len` allocated for as long as it lives, wherever it moves;
+    /// nothing else reads or writes that memory until `keep` comes back or is dropped; and
+    /// [`lands_in_place`](Self::lands_in_place) holds for the read.
+    pub(crate) async unsafe fn read_in_place(
         &self,
-        owned: crate::buf::owned::OwnedHostBuf<B>,
         offset: u64,
         len: usize,
         addr: usize,
-    ) -> (Result<usize>, crate::buf::owned::OwnedHostBuf<B>) {
+        keep: Box<dyn std::any::Any + Send>,
+    ) -> (Result<usize>, Option<Box<dyn std::any::Any + Send>>) {
         if let Err(e) = self.check(OpKind::Read, offset, len) {
-            return (Err(e), owned);
+            return (Err(e), Some(keep));
         }
         if len == 0 {
-            return (Ok(0), owned);
+            return (Ok(0), Some(keep));
         }
-        let kind = owned.kind();
         let req = OpRequest::Read {
             file: self.inner.clone(),
             offset,
             len: len as u64,
             device: None,
-            owned: Some(crate::op::request::OwnedTarget {
-                addr,
-                keep: owned.into_any(),
-            }),
+            owned: Some(crate::op::request::OwnedTarget { addr, keep }),
         };
         let (engine, home) = self.engine.reactor_for(&self.inner, Route::Read);
         let mut fut = OpFuture::new(engine.clone(), req, crate::op::read::OwnedReturn::default())
             .with_home(home);
         let r = (&mut fut).await;
         let back = fut.transfer_mut().back.take();
-        let owned = back
-            .and_then(|b| crate::buf::owned::OwnedHostBuf::<B>::from_any(b, kind))
-            // The reactor kept the buffer because the kernel may still write it (it died
-            // with the read in flight): an empty buffer of the same kind comes back.
-            .unwrap_or_else(|| crate::buf::owned::OwnedHostBuf::empty(kind));
-        (crate::op::to_usize(r), owned)
+        (crate::op::to_usize(r), back)
     }
 
     /// Writes an owned buffer (its whole length) and hands it back with the result.

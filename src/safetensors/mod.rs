@@ -256,6 +256,21 @@ impl SafetensorsFile {
         };
         done.exact(plan.descs()).map(drop)
     }
+
+    /// [`run`](Self::run) into a host buffer the batch owns while it runs: reads land in it in
+    /// place (`BatchPlan::read_owned`), copied out of the page cache by the kernel's workers
+    /// rather than out of bounce slots by the one thread that polls the load.
+    async fn run_owned(
+        plan: &BatchPlan,
+        buf: Vec<u8>,
+        progress: Option<&Arc<crate::op::progress::Progress>>,
+    ) -> Result<Vec<u8>> {
+        let (done, buf) = match progress {
+            Some(p) => plan.read_owned_with_progress(buf, p).await,
+            None => plan.read_owned(buf).await,
+        };
+        done.exact(plan.descs()).map(|_| buf)
+    }
 }
 
 /// The batch that reads `tensors` (each with the file it is in), packed in the order given,
@@ -296,8 +311,8 @@ async fn load_host(
     path: &Path,
     progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Checkpoint<Vec<u8>>> {
-    let mut buf = vec![0u8; plan.dst_len()];
-    SafetensorsFile::run(&plan, &mut buf, progress).await?;
+    let buf = crate::buf::region::zeroed_for_reads(plan.dst_len());
+    let buf = SafetensorsFile::run_owned(&plan, buf, progress).await?;
     Ok(Checkpoint::new(buf, tensors, path))
 }
 

@@ -403,8 +403,16 @@ impl Listing<'_> {
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
     ) -> Result<Vec<Checkpoint<Vec<u8>>>> {
         let plans = self.plan_shards(ranks, rule)?;
-        let bufs = plans.iter().map(|(p, _)| vec![0u8; p.dst_len()]).collect();
-        self.load_ranks(plans, bufs).await
+        // Each rank's buffer is its batch's own while it runs: reads land in it in place.
+        let loads = plans.iter().map(|(p, _)| {
+            let buf = crate::buf::region::zeroed_for_reads(p.dst_len());
+            SafetensorsFile::run_owned(p, buf, self.progress)
+        });
+        let bufs = futures::future::join_all(loads)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.wrap_ranks(bufs, plans))
     }
 
     /// Loads rank `r`'s shards into one allocation on `streams[r]`'s device (a rank per
@@ -480,17 +488,6 @@ impl Listing<'_> {
         // recorded their read events there).
         drop(scratch);
         super::replica::copy(streams, &mut bufs, &copies).map_err(|e| Error::cuda(ctx(), e))?;
-        Ok(self.wrap_ranks(bufs, plans))
-    }
-
-    /// Runs every rank's plan into its buffer, all at once, and wraps each buffer with its
-    /// shards.
-    async fn load_ranks<B: crate::buf::ReadDst>(
-        &self,
-        plans: Vec<(BatchPlan, Vec<Tensor>)>,
-        mut bufs: Vec<B>,
-    ) -> Result<Vec<Checkpoint<B>>> {
-        self.run_ranks(&plans, &mut bufs).await?;
         Ok(self.wrap_ranks(bufs, plans))
     }
 

@@ -1,0 +1,150 @@
+//! A batch into a host buffer it owns while it runs ([`BatchPlan::read_owned`]).
+//!
+//! Through [`BatchPlan::read_into`], every byte bound for host memory lands in a bounce slot
+//! first and the batch's future copies it out, on the one thread that polls it; into a fresh
+//! allocation that copy also takes a page fault per 4 KiB page. Given the buffer, the batch
+//! instead has the kernel read each run straight into its range (`File::read_in_place`): for
+//! buffered files io_uring's workers copy out of the page cache (and fault the pages in),
+//! several at once. Runs the kernel cannot write in place (an NVMe namespace, an O_DIRECT file
+//! with unaligned ranges) still go through bounce slots, into their own ranges.
+
+use std::sync::Arc;
+
+use super::{BatchPlan, BatchResult, RunOf, run_bounded};
+use crate::buf::region::HostRegion;
+use crate::error::Result;
+use crate::op::progress::Progress;
+
+impl BatchPlan {
+    /// Runs the plan into `buf`, which the batch owns until every read has ended, and hands
+    /// it back with the result (descriptors past `buf`'s end fail as with
+    /// [`read_into`](Self::read_into)).
+    ///
+    /// Reads of buffered files (and of O_DIRECT files where a run's offset, length and place
+    /// in `buf` are aligned to the file's [`File::direct_alignment`](crate::File::direct_alignment))
+    /// land in `buf` in place, as with [`File::read_owned`](crate::File::read_owned): no bounce
+    /// slot and no copy on the polling thread. Others go through bounce slots. Dropping or
+    /// leaking the future mid-flight is sound: the engine holds the buffer until the kernel is
+    /// done with it, and frees it then. If the engine dies with a read in flight, the buffer is
+    /// never freed and an empty `Vec` comes back with the errors.
+    pub async fn read_owned(&self, buf: Vec<u8>) -> (BatchResult, Vec<u8>) {
+        self.read_owned_tracked(buf, None).await
+    }
+
+    /// [`read_owned`](Self::read_owned), reporting to `progress` as
+    /// [`read_into_with_progress`](Self::read_into_with_progress) does.
+    pub async fn read_owned_with_progress(
+        &self,
+        buf: Vec<u8>,
+        progress: &Arc<Progress>,
+    ) -> (BatchResult, Vec<u8>) {
+        self.read_owned_tracked(buf, Some(progress)).await
+    }
+
+    pub(crate) async fn read_owned_tracked(
+        &self,
+        buf: Vec<u8>,
+        progress: Option<&Arc<Progress>>,
+    ) -> (BatchResult, Vec<u8>) {
+        let (results, fit) = self.runnable(buf.len(), progress);
+        let region = HostRegion::new(buf);
+        let outcomes = read_region(&fit, &region, progress).await;
+        let result = self.gather(&fit, outcomes, results);
+        // Every read has ended and dropped its hold on the region, but for one the kernel may
+        // still write (its engine died with it in flight), which keeps the region for good.
+        let buf = HostRegion::into_vec(region).unwrap_or_default();
+        (result, buf)
+    }
+}
+
+/// One read of a run (in place, a part of it) into the region.
+struct Job {
+    run: usize,
+    offset: u64,
+    at: usize,
+    len: usize,
+    in_place: bool,
+}
+
+/// Reads every run into its range of `region`, in parts of a quarter of the engine's window
+/// (so a large run reports progress as parts land and spreads over an engine's reactors) where
+/// the file allows reads in place, at most a window's bytes at once. A part goes in place
+/// unless the page cache lacks it (`File::reads_direct`): cold data read O_DIRECT through
+/// bounce slots and copied out on the polling thread beats the kernel's workers reading it
+/// through the page cache. Runs that cannot land in place go whole through bounce slots. Each
+/// run's outcome, in order.
+async fn read_region(
+    runs: &[RunOf<'_>],
+    region: &Arc<HostRegion>,
+    progress: Option<&Arc<Progress>>,
+) -> Vec<Result<usize>> {
+    let window = runs.first().map_or(0, |r| r.file.engine().op_window());
+    // A multiple of 1 MiB keeps the parts of an aligned O_DIRECT run aligned.
+    let part = ((window / 4) & !((1 << 20) - 1)).max(1 << 20);
+    let mut jobs = Vec::new();
+    for (i, r) in runs.iter().enumerate() {
+        let (offset, at, len) = (r.run.offset, r.dst_offset(), r.len());
+        if !r.file.lands_in_place(offset, len, region.addr(at)) {
+            jobs.push(Job {
+                run: i,
+                offset,
+                at,
+                len,
+                in_place: false,
+            });
+            continue;
+        }
+        let mut done = 0;
+        while done < len {
+            let n = part.min(len - done);
+            jobs.push(Job {
+                run: i,
+                offset: offset + done as u64,
+                at: at + done,
+                len: n,
+                in_place: true,
+            });
+            done += n;
+        }
+    }
+    let lens: Vec<usize> = jobs.iter().map(|j| j.len).collect();
+    let outcomes = run_bounded(&lens, window, |k| {
+        let (j, file) = (&jobs[k], runs[jobs[k].run].file);
+        let region = region.clone();
+        async move {
+            // Asked as the part starts: what the page cache holds then decides.
+            if !j.in_place || file.reads_direct(j.offset, j.len) {
+                // SAFETY: the plan's runs are disjoint and inside the region (`runnable` kept
+                // only those), and so are a run's parts: no in-place read lands in this range
+                // and no other slice of it exists. `region` keeps it allocated meanwhile.
+                let dst = unsafe { region.range_mut(j.at, j.len) };
+                let read = file.read_into(dst, j.offset);
+                return match progress {
+                    Some(p) => read.with_progress(p).await,
+                    None => read.await,
+                };
+            }
+            let addr = region.addr(j.at);
+            // SAFETY: the region clone keeps `addr..addr + len` allocated until the engine
+            // gives it back; parts and runs are disjoint, so no other read or slice touches the
+            // range; `lands_in_place` held for the run, and parts of it stay aligned.
+            let (r, _back) =
+                unsafe { file.read_in_place(j.offset, j.len, addr, Box::new(region)) }.await;
+            if let (Some(p), Ok(n)) = (progress, &r) {
+                p.add_done(*n as u64);
+            }
+            r
+        }
+    })
+    .await;
+    let mut per_run: Vec<Result<usize>> = runs.iter().map(|_| Ok(0)).collect();
+    for (j, outcome) in jobs.iter().zip(outcomes) {
+        let sum = &mut per_run[j.run];
+        match (sum.as_mut(), outcome) {
+            (Ok(total), Ok(n)) => *total += n,
+            (Ok(_), Err(e)) => *sum = Err(e),
+            (Err(_), _) => {}
+        }
+    }
+    per_run
+}

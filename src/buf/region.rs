@@ -1,0 +1,128 @@
+//! [`HostRegion`]: one host allocation that several in-place reads land in, each in a range of
+//! its own (`BatchPlan::read_owned`).
+//!
+//! An in-place read hands the kernel the caller's memory instead of a bounce slot, so the
+//! memory must outlive the read whatever happens to its future. Each read's op holds a clone
+//! of the region's `Arc` (the op's owned buffer, `OwnedTarget::keep`) until its last piece has
+//! completed, and the reactor leaks, never drops, what it holds for a read still in the kernel
+//! when it dies. The allocation is freed only with the last clone, and goes back to the caller
+//! as a `Vec` only when no read holds one ([`HostRegion::into_vec`]): a dropped or leaked
+//! batch future never frees or hands out memory the kernel may still write.
+
+use std::mem::ManuallyDrop;
+use std::sync::Arc;
+
+/// A `Vec<u8>`'s allocation, shared by the reads that land in it.
+#[derive(Debug)]
+pub(crate) struct HostRegion {
+    ptr: *mut u8,
+    len: usize,
+    cap: usize,
+}
+
+// SAFETY: a region owns its allocation as the `Vec` it came from did. Nothing reads through a
+// shared reference to it; writes come from the kernel and from `range_mut`'s callers, each into
+// a range no other writer has (its callers' contract), so sharing it between threads adds no
+// data race.
+unsafe impl Send for HostRegion {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for HostRegion {}
+
+/// A zeroed buffer of `len` bytes for reads to land in, backed by transparent huge pages
+/// where the kernel gives them (`madvise` mode): the reads then take a page fault (and zero a
+/// page) per 2 MiB rather than per 4 KiB. A large `vec![0; len]` is fresh anonymous memory, so
+/// the advice reaches every page before its first touch.
+#[cfg(feature = "safetensors")]
+pub(crate) fn zeroed_for_reads(len: usize) -> Vec<u8> {
+    const HUGE: usize = 2 << 20;
+    let buf = vec![0u8; len];
+    let start = (buf.as_ptr() as usize).next_multiple_of(HUGE);
+    let end = (buf.as_ptr() as usize + len) & !(HUGE - 1);
+    if end > start {
+        // SAFETY: `start..end` lies inside `buf`'s allocation, which this function owns; the
+        // advice changes how the kernel backs the pages, never their contents (zero).
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+    }
+    buf
+}
+
+impl HostRegion {
+    /// Takes `buf`'s allocation (its length is the region's).
+    pub(crate) fn new(buf: Vec<u8>) -> Arc<Self> {
+        let mut buf = ManuallyDrop::new(buf);
+        Arc::new(HostRegion {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+            cap: buf.capacity(),
+        })
+    }
+
+    /// The address of byte `at` (at most the region's length).
+    pub(crate) fn addr(&self, at: usize) -> usize {
+        debug_assert!(at <= self.len);
+        self.ptr as usize + at
+    }
+
+    /// Bytes `at..at + len` as a slice, for a read through bounce memory.
+    ///
+    /// # Safety
+    /// The range lies inside the region; no in-place read that may still run lands in it, and
+    /// no other slice of it is alive while the returned one is.
+    #[allow(clippy::mut_from_ref)] // Disjoint ranges are the callers' contract, as above.
+    pub(crate) unsafe fn range_mut(&self, at: usize, len: usize) -> &mut [u8] {
+        debug_assert!(at.checked_add(len).is_some_and(|end| end <= self.len));
+        // SAFETY: the allocation holds `len` initialized bytes from `at` (it came from a
+        // `Vec<u8>` of the region's length), and the caller guarantees nothing else reads or
+        // writes them while the slice lives.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
+    }
+
+    /// The allocation as a `Vec` again, if no read holds the region any more.
+    pub(crate) fn into_vec(this: Arc<Self>) -> Result<Vec<u8>, Arc<Self>> {
+        let region = ManuallyDrop::new(Arc::try_unwrap(this)?);
+        // SAFETY: pointer, length and capacity came from a `Vec<u8>` in `new`; this was the
+        // last owner, so no read holds the region and the kernel writes it no more (a read the
+        // kernel may still write keeps its clone for good), and `ManuallyDrop` keeps the
+        // region's own drop from freeing the allocation the `Vec` now owns.
+        Ok(unsafe { Vec::from_raw_parts(region.ptr, region.len, region.cap) })
+    }
+}
+
+impl Drop for HostRegion {
+    fn drop(&mut self) {
+        // SAFETY: as in `into_vec`: the last owner is gone, so nothing writes the allocation.
+        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allocation_comes_back_only_from_its_last_owner() {
+        let region = HostRegion::new(vec![7u8; 4096]);
+        let base = region.addr(0);
+        let held = region.clone();
+        let region = HostRegion::into_vec(region).expect_err("a read still holds it");
+        drop(held);
+        let back = HostRegion::into_vec(region).expect("no read holds it");
+        assert_eq!(
+            back.as_ptr() as usize,
+            base,
+            "the same allocation, not a copy"
+        );
+        assert_eq!((back.len(), back[4095]), (4096, 7));
+    }
+
+    #[test]
+    fn disjoint_ranges_are_written_where_they_lie() {
+        let region = HostRegion::new(vec![0u8; 64]);
+        // SAFETY: inside the region, disjoint, and no read lands in either.
+        let (a, b) = unsafe { (region.range_mut(0, 32), region.range_mut(32, 32)) };
+        a.fill(1);
+        b.fill(2);
+        let back = HostRegion::into_vec(region).unwrap();
+        assert!(back[..32].iter().all(|&x| x == 1) && back[32..].iter().all(|&x| x == 2));
+    }
+}
