@@ -1,7 +1,7 @@
 //! `BatchPlan::read_owned`: batches into a host buffer the batch owns while it runs, read in
-//! place where the file allows (in parts), through bounce slots where it does not or where the
-//! page cache lacks the data; against `read_into` on the same plan, and with the future
-//! dropped or leaked mid-flight.
+//! place where the file allows (in parts), through bounce slots where it does not (O_DIRECT
+//! files with unaligned runs); warm and cold; against `read_into` on the same plan, and with
+//! the future dropped or leaked mid-flight.
 
 mod common;
 

@@ -337,23 +337,6 @@ impl File {
             && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0))
     }
 
-    /// Whether a read of `len` bytes at `offset` would go O_DIRECT for what the page cache
-    /// lacks (`EngineBuilder::residency_aware`): large, of a buffered file, and a quarter or
-    /// more of it missing from the cache now. Such a read is faster through bounce slots than
-    /// in place, where the kernel's workers would read it through the page cache.
-    pub(crate) fn reads_direct(&self, offset: u64, len: usize) -> bool {
-        use crate::plan::residency;
-        let t = &self.inner;
-        self.engine.shared().policy.residency_aware
-            && len as u64 >= residency::RESIDENCY_MIN_READ
-            && t.dio.is_none()
-            && t.nvme.is_none()
-            && t.fd.as_ref().is_some_and(|fd| {
-                residency::estimate(fd.as_fd(), offset, len as u64)
-                    .is_ok_and(|r| r.prefers_direct())
-            })
-    }
-
     /// Reads `len` bytes at `offset` straight into host memory at `addr`, which `keep` owns:
     /// the engine holds `keep` until the kernel is done with the memory and hands it back with
     /// the result (`None`: the reactor died with the read in flight and keeps it for good).

@@ -24,9 +24,6 @@ pub(crate) struct OpPolicy {
     /// (`op::cached`), in pieces of at most [`HOST_POLL_PIECE`](super::cached::HOST_POLL_PIECE)
     /// per poll.
     pub(crate) host_cached_max: usize,
-    /// Large reads of buffered files go O_DIRECT where the page cache lacks their data
-    /// (`EngineBuilder::residency_aware`).
-    pub(crate) residency_aware: bool,
 }
 
 impl OpPolicy {
@@ -48,7 +45,6 @@ impl Default for OpPolicy {
             cached_fast_path: true,
             mapped_reads: false,
             host_cached_max: super::cached::HOST_CACHED_READ_MAX,
-            residency_aware: true,
         }
     }
 }
