@@ -138,11 +138,18 @@ async fn read_region(
         }
     })
     .await;
+    // A run's count is the bytes up to its first short part (the end of the file then): a
+    // later part that found bytes (the file grew meanwhile) is not counted past the gap.
     let mut per_run: Vec<Result<usize>> = runs.iter().map(|_| Ok(0)).collect();
+    let mut ended = vec![false; runs.len()];
     for (j, outcome) in jobs.iter().zip(outcomes) {
         let sum = &mut per_run[j.run];
         match (sum.as_mut(), outcome) {
-            (Ok(total), Ok(n)) => *total += n,
+            (Ok(_), Ok(_)) if ended[j.run] => {}
+            (Ok(total), Ok(n)) => {
+                *total += n;
+                ended[j.run] = n < j.len;
+            }
             (Ok(_), Err(e)) => *sum = Err(e),
             (Err(_), _) => {}
         }

@@ -88,10 +88,25 @@ impl HostRegion {
     }
 }
 
+/// Regions at least this large are freed on a thread of their own when dropped.
+const FREE_ASIDE: usize = 64 << 20;
+
 impl Drop for HostRegion {
     fn drop(&mut self) {
         // SAFETY: as in `into_vec`: the last owner is gone, so nothing writes the allocation.
-        drop(unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) });
+        let buf = unsafe { Vec::from_raw_parts(self.ptr, self.len, self.cap) };
+        // A region is dropped rather than handed back only when its batch was abandoned; its
+        // last owner may then be the reactor, finishing the last read, and unmapping
+        // gigabytes there would stall every other op of the engine.
+        if buf.capacity() >= FREE_ASIDE {
+            let spawned = std::thread::Builder::new()
+                .name("gpuio-free".into())
+                .spawn(move || drop(buf));
+            // No thread: the closure, and the buffer in it, was dropped here after all.
+            if let Err(e) = spawned {
+                tracing::debug!(error = %e, "freeing an abandoned batch's buffer inline");
+            }
+        }
     }
 }
 

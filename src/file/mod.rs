@@ -337,6 +337,23 @@ impl File {
             && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0))
     }
 
+    /// Which open file this is: the same for its clones, different for another open.
+    #[cfg(feature = "safetensors")]
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// Tells the kernel this file is read in sequence (`POSIX_FADV_SEQUENTIAL`): a larger
+    /// readahead window for what the page cache lacks. For loaders that own the file.
+    #[cfg(feature = "safetensors")]
+    pub(crate) fn advise_sequential(&self) {
+        if let Some(fd) = &self.inner.fd {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a descriptor this file owns; the advice changes no memory.
+            unsafe { libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_SEQUENTIAL) };
+        }
+    }
+
     /// Reads `len` bytes at `offset` straight into host memory at `addr`, which `keep` owns:
     /// the engine holds `keep` until the kernel is done with the memory and hands it back with
     /// the result (`None`: the reactor died with the read in flight and keeps it for good).

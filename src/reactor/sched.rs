@@ -113,6 +113,12 @@ impl Reactor {
     /// large read on one reactor copies as widely as with one reactor. An op parks only where
     /// this reactor holds its share in copies of its own, whose end unparks it: no reactor
     /// waits for another. With one reactor, the cap less the copies in flight.
+    ///
+    /// The cap is a target, not a hard bound: a reactor below its share starts copies whatever
+    /// the others hold, so while one has borrowed the whole cap the engine may run up to
+    /// `cap + (reactors - 1) * share` until the borrowed copies end (and borrowers that look
+    /// at once may each take the last free copy). Each reactor computes the cap from the reads
+    /// open on it (`page_cache_cap`), so the per-GPU cap follows its own reads.
     pub(super) fn copies_free(&self) -> usize {
         let cap = self.page_cache_cap();
         let own = cap

@@ -304,6 +304,20 @@ fn plan_tensors<'a>(
     (BatchPlan::new(descs), placed)
 }
 
+/// Tells the kernel that `plan`'s files (the loader's own) are read in sequence, once each.
+/// Host loads read cold data through the page cache, in place (`BatchPlan::read_owned`), and a
+/// larger readahead window took a cold 4 GiB load from 1.64-1.82 to 1.77-2.07 GB/s on fewer
+/// cores, the rate of one thread reading the file in a loop (BENCHMARKS.md, "Twenty-first
+/// session").
+fn advise_sequential(plan: &BatchPlan) {
+    let mut seen = std::collections::HashSet::new();
+    for d in plan.descs() {
+        if seen.insert(d.file.identity()) {
+            d.file.advise_sequential();
+        }
+    }
+}
+
 /// Runs `plan` into a new host buffer: the checkpoint of `tensors`, named `path` in errors.
 async fn load_host(
     plan: BatchPlan,
@@ -311,6 +325,7 @@ async fn load_host(
     path: &Path,
     progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Checkpoint<Vec<u8>>> {
+    advise_sequential(&plan);
     let buf = crate::buf::region::zeroed_for_reads(plan.dst_len());
     let buf = SafetensorsFile::run_owned(&plan, buf, progress).await?;
     Ok(Checkpoint::new(buf, tensors, path))

@@ -403,6 +403,9 @@ impl Listing<'_> {
         rule: impl FnMut(&FileTensor) -> Option<Shard>,
     ) -> Result<Vec<Checkpoint<Vec<u8>>>> {
         let plans = self.plan_shards(ranks, rule)?;
+        for (p, _) in &plans {
+            super::advise_sequential(p);
+        }
         // Each rank's buffer is its batch's own while it runs: reads land in it in place.
         let loads = plans.iter().map(|(p, _)| {
             let buf = crate::buf::region::zeroed_for_reads(p.dst_len());
