@@ -13,6 +13,7 @@ mod context;
 mod errors;
 mod exit;
 mod file;
+mod hostbuf;
 mod memory;
 mod runner;
 mod safetensors;
@@ -73,6 +74,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<file::File>()?;
     m.add_class::<safetensors::SafetensorsFile>()?;
     m.add_class::<safetensors::LoadPlan>()?;
+    m.add_class::<hostbuf::HostBuffer>()?;
     m.add_function(wrap_pyfunction!(safetensors::open_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::read_plans, m)?)?;
     m.add_function(wrap_pyfunction!(save::save_safetensors, m)?)?;

@@ -329,6 +329,29 @@ impl LoadPlan {
         block_with_progress(py, read, &counter, progress)?.map_err(to_py)
     }
 
+    /// Reads every selected tensor into new host memory (``dst_len`` bytes) and returns it as
+    /// a ``HostBuffer`` (wrap it with ``np.frombuffer`` or ``torch.frombuffer``, no copy).
+    /// The load owns the memory while it runs, so the kernel's workers read into it in place,
+    /// several at once, instead of every byte passing through a bounce buffer and one copy.
+    /// Releases the GIL; ``progress`` as for ``read_into`` (if it raises, the load stops and
+    /// no buffer comes back).
+    #[pyo3(signature = (*, progress = None))]
+    fn read_host(
+        &self,
+        py: Python<'_>,
+        progress: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<crate::hostbuf::HostBuffer> {
+        let counter = gpuio::Progress::new();
+        let plan = self.plan.clone();
+        let track = counter.clone();
+        let read = async move {
+            let (done, buf) = plan.read_to_vec_with_progress(&track).await;
+            done.exact(plan.descs()).map(|_| buf)
+        };
+        let buf = block_with_progress(py, read, &counter, progress)?.map_err(to_py)?;
+        Ok(crate::hostbuf::HostBuffer::new(buf))
+    }
+
     /// ``read_into`` as an awaitable (see ``File.aread_into``).
     #[pyo3(signature = (dst, *, stream = None))]
     fn aread_into<'py>(

@@ -55,6 +55,38 @@ def test_load_file_matches_safetensors(checkpoint):
     assert_same(load_file(checkpoint), st_numpy.load_file(checkpoint))
 
 
+def test_host_loads_own_their_memory(checkpoint):
+    # Host loads read into memory the load allocated (in place, LoadPlan.read_host): the
+    # arrays are writable, independent of one another, and keep that memory alive.
+    ref = st_numpy.load_file(checkpoint)
+    a, b = load_file(checkpoint), load_file(checkpoint)
+    assert a["big"].flags.writeable
+    a["big"][...] = 0
+    a["embed"][0, 0] = 123.0
+    assert_same(b, ref)
+    del b
+    import gc
+
+    gc.collect()
+    assert a["embed"][0, 0] == 123.0 and not a["big"].any()
+
+
+def test_read_host_gives_a_writable_buffer(checkpoint):
+    ref = st_numpy.load_file(checkpoint)
+    plan = gpuio._native.open_safetensors(gpuio.Engine(), checkpoint).plan(None)
+    buf = plan.read_host()
+    assert len(buf) == plan.dst_len
+    view = memoryview(buf)
+    assert view.nbytes == plan.dst_len and not view.readonly and view.format == "B"
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    for name, _dtype, _shape, start, end in plan.tensors:
+        assert arr[start:end].tobytes() == ref[name].tobytes(), name
+    # Writable through the array, which keeps the memory alive once the buffer is gone.
+    del view, buf
+    arr[:] = 7
+    assert (arr == 7).all()
+
+
 def test_load_file_with_a_given_engine(checkpoint):
     engine = gpuio.Engine(backend="pread", chunk_size=1 << 20)
     assert_same(load_file(checkpoint, engine=engine), st_numpy.load_file(checkpoint))

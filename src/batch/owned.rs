@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use super::{BatchPlan, BatchResult, RunOf, run_bounded};
-use crate::buf::region::HostRegion;
+use crate::buf::region::{HostRegion, zeroed_for_reads};
 use crate::error::Result;
 use crate::op::progress::Progress;
 
@@ -39,6 +39,24 @@ impl BatchPlan {
         progress: &Arc<Progress>,
     ) -> (BatchResult, Vec<u8>) {
         self.read_owned_tracked(buf, Some(progress)).await
+    }
+
+    /// Runs the plan into a new buffer of [`dst_len`](Self::dst_len) zeroed bytes, backed by
+    /// transparent huge pages where the kernel gives them (a page fault per 2 MiB rather than
+    /// per 4 KiB as the reads land), as [`read_owned`](Self::read_owned) does; the buffer comes
+    /// back with the result.
+    pub async fn read_to_vec(&self) -> (BatchResult, Vec<u8>) {
+        self.read_owned_tracked(zeroed_for_reads(self.dst_len()), None)
+            .await
+    }
+
+    /// [`read_to_vec`](Self::read_to_vec), reporting to `progress`.
+    pub async fn read_to_vec_with_progress(
+        &self,
+        progress: &Arc<Progress>,
+    ) -> (BatchResult, Vec<u8>) {
+        self.read_owned_tracked(zeroed_for_reads(self.dst_len()), Some(progress))
+            .await
     }
 
     pub(crate) async fn read_owned_tracked(

@@ -32,7 +32,6 @@ unsafe impl Sync for HostRegion {}
 /// where the kernel gives them (`madvise` mode): the reads then take a page fault (and zero a
 /// page) per 2 MiB rather than per 4 KiB. A large `vec![0; len]` is fresh anonymous memory, so
 /// the advice reaches every page before its first touch.
-#[cfg(feature = "safetensors")]
 pub(crate) fn zeroed_for_reads(len: usize) -> Vec<u8> {
     const HUGE: usize = 2 << 20;
     let buf = vec![0u8; len];

@@ -257,17 +257,16 @@ impl SafetensorsFile {
         done.exact(plan.descs()).map(drop)
     }
 
-    /// [`run`](Self::run) into a host buffer the batch owns while it runs: reads land in it in
-    /// place (`BatchPlan::read_owned`), copied out of the page cache by the kernel's workers
-    /// rather than out of bounce slots by the one thread that polls the load.
-    async fn run_owned(
+    /// [`run`](Self::run) into a new host buffer the batch owns while it runs: reads land in
+    /// it in place (`BatchPlan::read_to_vec`), copied out of the page cache by the kernel's
+    /// workers rather than out of bounce slots by the one thread that polls the load.
+    async fn run_to_vec(
         plan: &BatchPlan,
-        buf: Vec<u8>,
         progress: Option<&Arc<crate::op::progress::Progress>>,
     ) -> Result<Vec<u8>> {
         let (done, buf) = match progress {
-            Some(p) => plan.read_owned_with_progress(buf, p).await,
-            None => plan.read_owned(buf).await,
+            Some(p) => plan.read_to_vec_with_progress(p).await,
+            None => plan.read_to_vec().await,
         };
         done.exact(plan.descs()).map(|_| buf)
     }
@@ -326,8 +325,7 @@ async fn load_host(
     progress: Option<&Arc<crate::op::progress::Progress>>,
 ) -> Result<Checkpoint<Vec<u8>>> {
     advise_sequential(&plan);
-    let buf = crate::buf::region::zeroed_for_reads(plan.dst_len());
-    let buf = SafetensorsFile::run_owned(&plan, buf, progress).await?;
+    let buf = SafetensorsFile::run_to_vec(&plan, progress).await?;
     Ok(Checkpoint::new(buf, tensors, path))
 }
 

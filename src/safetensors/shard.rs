@@ -407,10 +407,9 @@ impl Listing<'_> {
             super::advise_sequential(p);
         }
         // Each rank's buffer is its batch's own while it runs: reads land in it in place.
-        let loads = plans.iter().map(|(p, _)| {
-            let buf = crate::buf::region::zeroed_for_reads(p.dst_len());
-            SafetensorsFile::run_owned(p, buf, self.progress)
-        });
+        let loads = plans
+            .iter()
+            .map(|(p, _)| SafetensorsFile::run_to_vec(p, self.progress));
         let bufs = futures::future::join_all(loads)
             .await
             .into_iter()

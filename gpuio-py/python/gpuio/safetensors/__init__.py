@@ -76,18 +76,23 @@ class Checkpoint:
         except KeyError:
             raise KeyError(f"no tensor named {name!r} in the checkpoint") from None
 
-    def load(self, names, alloc, build, stream=None, sync=None, progress=None):
+    def load(self, names, alloc, build, stream=None, sync=None, progress=None, host=None):
         """Reads ``names`` (all where ``None``) into one buffer from ``alloc`` and returns
         ``{name: build(buffer, name, dtype, shape, start, end)}`` in file order; ``sync``
         (if given) runs after the read, before the tensors are built; ``progress(done,
-        total)`` (bytes; if given) is called about every 100 ms and at the end."""
+        total)`` (bytes; if given) is called about every 100 ms and at the end. With ``host``
+        (host memory), the load allocates the buffer itself and reads into it in place
+        (``LoadPlan.read_host``), and ``host(HostBuffer)`` wraps it instead of ``alloc``."""
         if names is not None:
             names = list(names)
             for n in names:
                 self.listing(n)
         plan = self._file.plan(names)
-        buf = alloc(plan.dst_len)
-        plan.read_into(buf, stream=stream, progress=progress)
+        if host is not None:
+            buf = host(plan.read_host(progress=progress))
+        else:
+            buf = alloc(plan.dst_len)
+            plan.read_into(buf, stream=stream, progress=progress)
         if sync is not None:
             sync()
         return {n: build(buf, n, dtype, shape, s, e) for n, dtype, shape, s, e in plan.tensors}

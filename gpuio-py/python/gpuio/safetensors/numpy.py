@@ -45,8 +45,13 @@ def _build(buf, name, dtype, shape, start, end):
 def _load(checkpoint, names, progress=None):
     for n in names if names is not None else checkpoint.keys():
         _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
+    # The load allocates the memory and reads into it in place; the array wraps it.
     return checkpoint.load(
-        names, alloc=lambda n: np.empty(n, dtype=np.uint8), build=_build, progress=progress
+        names,
+        alloc=None,
+        build=_build,
+        progress=progress,
+        host=lambda b: np.frombuffer(b, dtype=np.uint8),
     )
 
 

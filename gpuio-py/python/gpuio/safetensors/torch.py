@@ -79,12 +79,21 @@ def _load(checkpoint, names, device="cpu", progress=None):
             )
     if dev.type != "cpu":
         raise ValueError(f"device {device!r}: gpuio loads into 'cpu' or 'cuda:N'")
+    # The load allocates the memory and reads into it in place; the tensor wraps it.
     return checkpoint.load(
         names,
-        alloc=lambda n: torch.empty(n, dtype=torch.uint8),
+        alloc=None,
         build=_build,
         progress=progress,
+        host=_wrap_host,
     )
+
+
+def _wrap_host(buf):
+    # torch.frombuffer refuses an empty buffer.
+    if len(buf) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 def load_file(
