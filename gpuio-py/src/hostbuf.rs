@@ -67,9 +67,19 @@ impl HostBuffer {
         if view.is_null() {
             return Err(PyBufferError::new_err("HostBuffer: no view to fill"));
         }
+        // A failed request leaves no object in the view (the buffer protocol's rule; neither
+        // PyO3 nor `PyBuffer_FillInfo` clears it).
+        let fail = |e: PyErr| {
+            // SAFETY: `view` is the caller's non-null `Py_buffer`.
+            unsafe { (*view).obj = std::ptr::null_mut() };
+            Err(e)
+        };
         let (ptr, len) = (slf.get().ptr, slf.get().len);
-        let len = isize::try_from(len)
-            .map_err(|_| PyBufferError::new_err("HostBuffer: larger than a Python buffer"))?;
+        let Ok(len) = isize::try_from(len) else {
+            return fail(PyBufferError::new_err(
+                "HostBuffer: larger than a Python buffer",
+            ));
+        };
         // SAFETY: `view` is the caller's non-null `Py_buffer`; `ptr..ptr + len` is this
         // object's allocation, which lives while the view does (the view holds a reference to
         // the object); writable (readonly 0), as the allocation is ours to lend.
@@ -77,7 +87,7 @@ impl HostBuffer {
             ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr.cast::<c_void>(), len, 0, flags)
         };
         if rc == -1 {
-            return Err(PyErr::fetch(slf.py()));
+            return fail(PyErr::fetch(slf.py()));
         }
         Ok(())
     }
