@@ -77,6 +77,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hostbuf::HostBuffer>()?;
     m.add_function(wrap_pyfunction!(safetensors::open_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(safetensors::read_plans, m)?)?;
+    m.add_function(wrap_pyfunction!(safetensors::read_plans_host, m)?)?;
     m.add_function(wrap_pyfunction!(save::save_safetensors, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(check, m)?)?;

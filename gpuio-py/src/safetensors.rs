@@ -13,6 +13,7 @@ use pyo3::prelude::*;
 use crate::context::KeepCurrentContext;
 use crate::errors::{int_arg, to_py};
 use crate::file::Engine;
+use crate::hostbuf::HostBuffer;
 use crate::memory::{Access, Memory, extract};
 use crate::runner::{block, block_with_progress, spawn};
 
@@ -243,6 +244,34 @@ async fn load(
     done.exact(plan.descs())
 }
 
+/// Runs `plan` into new host memory the load owns while it runs (reads in place), every byte
+/// or an error.
+async fn load_host(plan: Arc<BatchPlan>, progress: Arc<gpuio::Progress>) -> gpuio::Result<Vec<u8>> {
+    let (done, buf) = plan.read_to_vec_with_progress(&progress).await;
+    done.exact(plan.descs()).map(|_| buf)
+}
+
+/// Runs every plan into new host memory at once, as ``LoadPlan.read_host`` does, releasing the
+/// GIL once for all of them; one ``HostBuffer`` per plan. The first error raises, after every
+/// load has ended.
+#[pyfunction]
+#[pyo3(signature = (plans, progress = None))]
+pub fn read_plans_host(
+    py: Python<'_>,
+    plans: Vec<Bound<'_, LoadPlan>>,
+    progress: Option<Bound<'_, PyAny>>,
+) -> PyResult<Vec<HostBuffer>> {
+    let counter = gpuio::Progress::new();
+    let loads = plans
+        .iter()
+        .map(|p| load_host(p.get().plan.clone(), counter.clone()));
+    let all = futures::future::join_all(loads);
+    block_with_progress(py, all, &counter, progress.as_ref())?
+        .into_iter()
+        .map(|r| r.map(HostBuffer::new).map_err(to_py))
+        .collect()
+}
+
 /// Runs every plan into its destination at once (``plans[i]`` into ``dsts[i]``, ordered on
 /// ``streams[i]`` where given), releasing the GIL once for all of them; returns the bytes
 /// each read. Each destination is checked before anything is read. The first error raises,
@@ -340,16 +369,11 @@ impl LoadPlan {
         &self,
         py: Python<'_>,
         progress: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<crate::hostbuf::HostBuffer> {
+    ) -> PyResult<HostBuffer> {
         let counter = gpuio::Progress::new();
-        let plan = self.plan.clone();
-        let track = counter.clone();
-        let read = async move {
-            let (done, buf) = plan.read_to_vec_with_progress(&track).await;
-            done.exact(plan.descs()).map(|_| buf)
-        };
+        let read = load_host(self.plan.clone(), counter.clone());
         let buf = block_with_progress(py, read, &counter, progress)?.map_err(to_py)?;
-        Ok(crate::hostbuf::HostBuffer::new(buf))
+        Ok(HostBuffer::new(buf))
     }
 
     /// ``read_into`` as an awaitable (see ``File.aread_into``).

@@ -114,7 +114,8 @@ class Checkpoint:
         return dict(rule)
 
     def load_shards(
-        self, rule, ranks, alloc, build, streams=None, sync=None, copy=None, progress=None
+        self, rule, ranks, alloc, build, streams=None, sync=None, copy=None, progress=None,
+        host=None,
     ):
         """Tensor-parallel load: each rank's shards (see ``shard_rules``) into one buffer
         from ``alloc(rank, nbytes)``; returns one ``{name: build(...)}`` per rank. Every
@@ -122,15 +123,20 @@ class Checkpoint:
         orders device copies; ``sync(rank)`` (if given) runs after the reads. With ``copy``,
         each replicated tensor is read by one rank only and ``copy(dst, dst_start, src,
         src_start, src_end)`` (buffers, byte offsets) brings it to the others after the reads,
-        before ``sync``."""
+        before ``sync``. With ``host`` (every rank in host memory), each rank's load
+        allocates its buffer and reads into it in place, and ``host(HostBuffer)`` wraps it
+        instead of ``alloc``."""
         rules = self.shard_rules(rule)
         if copy is None:
             plans, copies = self._file.plan_shards(ranks, rules), []
         else:
             plans, copies = self._file.plan_shards_read_once(ranks, rules)
-        bufs = [alloc(rank, plan.dst_len) for rank, plan in enumerate(plans)]
         # Every rank at once, one wait for all of them.
-        gpuio._native.read_plans(plans, bufs, streams, progress)
+        if host is not None:
+            bufs = [host(b) for b in gpuio._native.read_plans_host(plans, progress)]
+        else:
+            bufs = [alloc(rank, plan.dst_len) for rank, plan in enumerate(plans)]
+            gpuio._native.read_plans(plans, bufs, streams, progress)
         for src, s, e, dst, d in copies:
             copy(bufs[dst], d, bufs[src], s, e)
         if sync is not None:

@@ -84,7 +84,11 @@ def load_shards(
     for n in rules:
         _dtype(n, checkpoint.listing(n)[1])  # refuse before reading anything
     return checkpoint.load_shards(
-        rules, ranks, alloc=lambda _r, n: np.empty(n, dtype=np.uint8), build=_build
+        rules,
+        ranks,
+        alloc=None,
+        build=_build,
+        host=lambda b: np.frombuffer(b, dtype=np.uint8),
     )
 
 

@@ -186,6 +186,8 @@ def load_shards(
         sync=sync,
         copy=copy if replicas == "once" else None,
         progress=progress,
+        # Every rank in CPU memory: the loads allocate it and read in place.
+        host=_wrap_host if all(d.type == "cpu" for d in devs) else None,
     )
 
 
