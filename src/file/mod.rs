@@ -337,12 +337,6 @@ impl File {
             && (a == 1 || (offset % a == 0 && len as u64 % a == 0 && addr as u64 % a == 0))
     }
 
-    /// Which open file this is: the same for its clones, different for another open.
-    #[cfg(feature = "safetensors")]
-    pub(crate) fn identity(&self) -> usize {
-        Arc::as_ptr(&self.inner) as usize
-    }
-
     /// Tells the kernel this file is read in sequence (`POSIX_FADV_SEQUENTIAL`): a larger
     /// readahead window for what the page cache lacks. For loaders that own the file.
     #[cfg(feature = "safetensors")]

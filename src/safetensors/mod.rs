@@ -309,10 +309,11 @@ fn plan_tensors<'a>(
 /// cores, the rate of one thread reading the file in a loop (BENCHMARKS.md, "Twenty-first
 /// session").
 fn advise_sequential(plan: &BatchPlan) {
-    let mut seen = std::collections::HashSet::new();
+    let mut seen: Vec<&File> = Vec::new();
     for d in plan.descs() {
-        if seen.insert(d.file.identity()) {
+        if !seen.iter().any(|f| f.same_file(&d.file)) {
             d.file.advise_sequential();
+            seen.push(&d.file);
         }
     }
 }
