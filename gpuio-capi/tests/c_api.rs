@@ -243,10 +243,20 @@ fn device_memory_or_a_loud_skip() {
 
 /// Every program again, built with AddressSanitizer (the C side instrumented; the library is
 /// checked through what it hands back).
+///
+/// `fork` runs only without it: GCC's AddressSanitizer allocator takes no locks around
+/// `fork()` (glibc's malloc does), so a child forked while any thread of the parent is inside
+/// malloc or free inherits that lock held and hangs in its first allocation, whatever the
+/// library does. CI caught it hanging 1 run in 20 (the child's new engine stuck in ASan's
+/// `SizeClassAllocator64::GetFromAllocator`); unsanitized it passed 100 of 100.
 #[test]
 fn all_c_tests_under_address_sanitizer() {
+    println!(
+        "SKIPPED fork under ASan: its allocator is not fork-safe (see this test's comment); \
+         an_engine_inherited_across_fork_refuses_in_the_child runs it unsanitized"
+    );
     for name in [
-        "sync", "async", "batch", "errors", "pending", "threads", "device", "fork", "agent",
+        "sync", "async", "batch", "errors", "pending", "threads", "device", "agent",
     ] {
         let exe = compile(
             name,

@@ -3,7 +3,8 @@
  * async requests, opens), freeing it in the child returns at once, and a new engine made in
  * the child works. The parent's engine is untouched. Before, the child waited for good.
  * No request is in flight at the fork: one completing at that instant may leave a lock of the
- * C API held in the child by a thread that does not exist there (RELIABILITY.md, issue 40). */
+ * C API held in the child by a thread that does not exist there (RELIABILITY.md, issue 40).
+ * Built without AddressSanitizer only: its allocator is not fork-safe (tests/c_api.rs). */
 #include <signal.h>
 #include <sys/wait.h>
 
