@@ -321,7 +321,11 @@ unsafe fn read_batch(
             // SAFETY: forwarded; the call ends after the batch.
             let dst = unsafe { memory::dst(engine, dst) }?;
             let settle = settle_stream(&dst);
-            let done = futures::executor::block_on(run(plan, dst));
+            let done = match dst {
+                // Lent for the call, so the kernel reads into it in place.
+                Dst::Host(buf) => plan.read_into_blocking(buf),
+                dst => futures::executor::block_on(run(plan, dst)),
+            };
             // Settle before reporting, failures included: some copies may have been queued.
             let settled = settle.map(|d| futures::executor::block_on(d.settle(&engine.engine)));
             (Some(done), settled)

@@ -141,7 +141,11 @@ pub unsafe extern "C" fn gpuio_read(
         let engine = handle.engine()?;
         // SAFETY: forwarded from this function's contract; the call ends after the read.
         let dst = unsafe { memory::dst(&engine, dst) }?;
-        let n = futures::executor::block_on(dst.read(&handle.file, offset))?;
+        let n = match dst {
+            // Lent for the call, so the kernel may read into it in place.
+            memory::Dst::Host(buf) => handle.file.read_into_blocking(buf, offset),
+            dst => futures::executor::block_on(dst.read(&handle.file, offset)),
+        }?;
         // SAFETY: `bytes` is NULL or writable (this function's contract).
         unsafe { store(bytes, n) };
         Ok(())

@@ -394,6 +394,7 @@ async fn measure(
         // Requests are spread over the GPUs round-robin.
         let buf = match cudas.get(t % cudas.len().max(1)) {
             None if a.owned => Buffer::Aligned(gpuio::AlignedBuf::zeroed(buf_len)),
+            None if a.blocking => Buffer::Blocking(vec![0xA5u8; buf_len]),
             None => Buffer::Host(vec![0xA5u8; buf_len]),
             Some(ctx) => {
                 let mine =

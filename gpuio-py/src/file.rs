@@ -344,6 +344,12 @@ impl File {
         let _keep_context = KeepCurrentContext::save();
         let offset = int_arg(py, "offset", offset)?;
         let mem = extract(self.inner.engine(), dst, stream, Access::Dst)?;
+        if let Memory::Host(mut h) = mem {
+            // Lent to the library for the call: the kernel may read into it in place.
+            let file = &self.inner;
+            return crate::exit::detach(py, || file.read_into_blocking(h.bytes_mut(), offset))
+                .map_err(to_py);
+        }
         block(py, read(self.inner.clone(), mem, offset)).map_err(to_py)
     }
 

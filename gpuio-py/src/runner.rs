@@ -127,6 +127,51 @@ pub fn block_with_progress<T: Send, F: Future<Output = T> + Send>(
     }
 }
 
+/// Runs a blocking call of the library that asks its caller whether to go on
+/// (`BatchPlan::read_into_blocking_with_progress`) with the GIL released, and where
+/// `callback` is given, `callback(done, total)` from `counter` with the GIL held each time it
+/// asks and once when it has finished. An error from the callback stops the call (which
+/// returns only once the library is done with the caller's memory) and is raised.
+pub fn block_asking<T: Send>(
+    py: Python<'_>,
+    counter: &Arc<gpuio::Progress>,
+    callback: Option<&Bound<'_, PyAny>>,
+    call: impl Send + FnOnce(&mut dyn FnMut() -> bool) -> Option<T>,
+) -> PyResult<T> {
+    let report = |py: Python<'_>, cb: &Py<PyAny>| -> PyResult<()> {
+        cb.bind(py)
+            .call1((counter.done(), counter.total()))
+            .map(drop)
+    };
+    let cb = callback.map(|c| c.clone().unbind());
+    let mut raised = None;
+    let out = exit::detach(py, || {
+        call(&mut || {
+            let Some(cb) = &cb else { return true };
+            // `None`: the interpreter is gone (a thread that attaches while it exits parks
+            // for good instead), so nobody is left to report to.
+            match exit::attach(|py| report(py, cb)) {
+                Some(Ok(())) => true,
+                Some(Err(e)) => {
+                    raised = Some(e);
+                    false
+                }
+                None => false,
+            }
+        })
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    let out = out.ok_or_else(|| {
+        pyo3::exceptions::PyRuntimeError::new_err("the read stopped: the interpreter is exiting")
+    })?;
+    if let Some(cb) = &cb {
+        report(py, cb)?;
+    }
+    Ok(out)
+}
+
 type BoxedOp<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
 /// A completed operation's result, with what is left of the operation (dropped after).
 type Finished<T, E> = (Result<T, E>, BoxedOp<T, E>);

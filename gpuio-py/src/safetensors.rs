@@ -15,7 +15,7 @@ use crate::errors::{int_arg, to_py};
 use crate::file::Engine;
 use crate::hostbuf::HostBuffer;
 use crate::memory::{Access, Memory, extract};
-use crate::runner::{block, block_with_progress, spawn};
+use crate::runner::{block, block_asking, block_with_progress, spawn};
 
 /// `(name, dtype, shape, start, end)`: safetensors' dtype name (``"F32"``, ``"BF16"``, ...).
 type TensorRow = (String, String, Vec<usize>, u64, u64);
@@ -354,6 +354,14 @@ impl LoadPlan {
         let _keep_context = KeepCurrentContext::save();
         let mem = self.memory(dst, stream)?;
         let counter = gpuio::Progress::new();
+        if let Memory::Host(mut h) = mem {
+            // Lent to the library for the call: the kernel reads into it in place.
+            let plan = &self.plan;
+            let done = block_asking(py, &counter, progress, |keep_going| {
+                plan.read_into_blocking_with_progress(h.bytes_mut(), &counter, keep_going)
+            })?;
+            return done.exact(plan.descs()).map_err(to_py);
+        }
         let read = load(self.plan.clone(), mem, counter.clone());
         block_with_progress(py, read, &counter, progress)?.map_err(to_py)
     }

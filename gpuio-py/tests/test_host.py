@@ -412,3 +412,27 @@ def test_warm_host_reads_take_one_copy(data_file):
             assert asyncio.run(main()) == b.size
             assert b.tobytes() == data[77 : 77 + b.size]
             assert e.cached_reads == 2 * served, (limit, e.cached_reads)
+
+
+def test_large_sync_host_reads_land_in_place_and_match(data_file):
+    # A blocking read into host memory lends the memory for the call, so past
+    # page_cache_read_max the kernel reads into it in place (no bounce slot): the bytes are
+    # the file's, warm or cold, buffered or O_DIRECT, at any offset.
+    path, data = data_file
+    with gpuio.Engine(page_cache_read_max=65536) as e:
+        for direct in (False, True):
+            try:
+                f = e.open(path, direct=direct)
+            except gpuio.Error as err:
+                print(f"SKIPPED O_DIRECT here: {err}")
+                continue
+            for off in (0, 1001, 4096):
+                a = np.zeros(len(data) - off + 50, dtype=np.uint8)
+                assert f.read_into(a, off) == len(data) - off
+                assert a[: len(data) - off].tobytes() == data[off:]
+                assert not a[len(data) - off :].any(), "nothing past the end of the file"
+            with open(path, "rb") as raw:
+                os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            b = bytearray(len(data))
+            assert f.read_into(b) == len(data)
+            assert bytes(b) == data

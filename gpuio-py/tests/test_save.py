@@ -103,3 +103,41 @@ def test_progress_callbacks_count_every_byte_and_can_stop(tmp_path):
     assert seen
     assert not other.exists() or other.read_bytes() == path.read_bytes()
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_stopped_load_into_host_memory_lets_go_of_it(tmp_path):
+    # LoadPlan.read_into host memory lends the array to the kernel for the call; a progress
+    # callback that raises stops it, and the call raises only once no read holds the array:
+    # nothing writes it afterwards.
+    import time
+
+    big = {"a": np.arange(12 << 20, dtype=np.float32)}
+    path = tmp_path / "s.safetensors"
+    save_file(big, path)
+    plan = gpuio._native.open_safetensors(gpuio.Engine(), str(path)).plan(None)
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def stop(done, total):
+        calls.append((done, total))
+        raise Stop()
+
+    with open(path, "rb") as raw:
+        os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    buf = np.zeros(plan.dst_len, dtype=np.uint8)
+    with pytest.raises(Stop):
+        plan.read_into(buf, progress=stop)
+    nbytes = big["a"].nbytes
+    assert len(calls) == 1 and calls[0][1] == nbytes
+    left = buf.copy()
+    time.sleep(0.2)
+    assert np.array_equal(buf, left), "written after the call raised"
+    # The same plan reads everything afterwards.
+    reported = []
+    assert plan.read_into(buf, progress=lambda d, t: reported.append((d, t))) == nbytes
+    assert reported[-1] == (nbytes, nbytes)
+    [(_, _, _, start, end)] = plan.tensors
+    assert np.array_equal(buf[start:end].view(np.float32), big["a"])

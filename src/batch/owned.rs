@@ -1,4 +1,5 @@
-//! A batch into a host buffer it owns while it runs ([`BatchPlan::read_owned`]).
+//! A batch into a host buffer it owns while it runs ([`BatchPlan::read_owned`]), or that its
+//! blocked caller lends it ([`BatchPlan::read_into_blocking`]).
 //!
 //! Through [`BatchPlan::read_into`], every byte bound for host memory lands in a bounce slot
 //! first and the batch's future copies it out, on the one thread that polls it; into a fresh
@@ -57,6 +58,47 @@ impl BatchPlan {
     ) -> (BatchResult, Vec<u8>) {
         self.read_owned_tracked(zeroed_for_reads(self.dst_len()), Some(progress))
             .await
+    }
+
+    /// Runs the plan into host memory `dst`, blocking the calling thread until every read has
+    /// ended (descriptors past `dst`'s end fail as with [`read_into`](Self::read_into)).
+    ///
+    /// The call lends `dst` to the engine and returns only once no read holds it, so the
+    /// kernel writes it in place as for [`read_owned`](Self::read_owned): no bounce slot and
+    /// no copy on this thread, the page cache copied out by several of io_uring's workers at
+    /// once. For synchronous callers (the C and Python bindings, a thread of its own); see
+    /// [`File::read_into_blocking`](crate::File::read_into_blocking) for what it costs an
+    /// async task and what happens if the engine's reactor dies meanwhile.
+    pub fn read_into_blocking(&self, dst: &mut [u8]) -> BatchResult {
+        let (results, fit) = self.runnable(dst.len(), None);
+        let runs = &fit;
+        let outcomes = crate::op::blocking::lend(
+            dst,
+            |region| async move { read_region(runs, &region, None).await },
+            crate::op::blocking::block_on,
+        );
+        self.gather(&fit, outcomes, results)
+    }
+
+    /// [`read_into_blocking`](Self::read_into_blocking), reporting to `progress` as
+    /// [`read_into_with_progress`](Self::read_into_with_progress) does and asking `keep_going`
+    /// about every 100 ms while the reads run. Once it answers `false` the reads are cancelled
+    /// and `None` comes back, after every read has let go of `dst`: some of `dst` may have been
+    /// written, and nothing writes it afterwards.
+    pub fn read_into_blocking_with_progress(
+        &self,
+        dst: &mut [u8],
+        progress: &Arc<Progress>,
+        keep_going: &mut dyn FnMut() -> bool,
+    ) -> Option<BatchResult> {
+        let (results, fit) = self.runnable(dst.len(), Some(progress));
+        let runs = &fit;
+        let outcomes = crate::op::blocking::lend(
+            dst,
+            |region| async move { read_region(runs, &region, Some(progress)).await },
+            |reads| crate::op::blocking::run_asking(reads, keep_going),
+        )?;
+        Some(self.gather(&fit, outcomes, results))
     }
 
     pub(crate) async fn read_owned_tracked(

@@ -328,6 +328,42 @@ impl File {
         }
     }
 
+    /// Reads `dst.len()` bytes at `offset` into host memory `dst`, blocking the calling thread
+    /// until they have landed; returns the bytes read, fewer only at end of file.
+    ///
+    /// Where the read can land in place (see [`read_owned`](Self::read_owned): buffered files,
+    /// and O_DIRECT files with offset, length and `dst` aligned), the kernel writes `dst`
+    /// itself, as for an owned buffer: the call lends `dst` to the engine and returns only once
+    /// no read holds it, so no bounce slot and no copy on this thread are needed, and large
+    /// reads are copied out of the page cache by several of io_uring's workers at once. Reads
+    /// of a buffered file up to the engine's `page_cache_read_max` take
+    /// [`read_into`](Self::read_into)'s path (a cached range is copied in this thread at once).
+    ///
+    /// For synchronous callers (a C or Python binding, a thread of its own). Do not call it
+    /// from an async task: it blocks the runtime's thread until the read is done. If the
+    /// engine's reactor dies with this read in the kernel, the process aborts (the kernel may
+    /// write `dst` at any time then, and nothing says when it stops).
+    pub fn read_into_blocking(&self, dst: &mut [u8], offset: u64) -> Result<usize> {
+        let len = dst.len();
+        let t = &self.inner;
+        let small_buffered =
+            t.dio.is_none() && len <= self.engine.shared().policy.cached_read_max(true);
+        if small_buffered || !self.lands_in_place(offset, len, dst.as_ptr() as usize) {
+            return crate::op::blocking::block_on(self.read_into(dst, offset));
+        }
+        let read = |region: Arc<crate::buf::region::HostRegion>| async move {
+            let addr = region.addr(0);
+            // SAFETY: the region (moved into the op as its owned buffer) keeps
+            // `addr..addr + len`, all of `dst`, lent to the engine until it is given back or
+            // dropped (`op::blocking::lend` returns only then); nothing else touches `dst`
+            // meanwhile, and `lands_in_place` holds.
+            unsafe { self.read_in_place(offset, len, addr, Box::new(region)) }
+                .await
+                .0
+        };
+        crate::op::blocking::lend(dst, read, crate::op::blocking::block_on)
+    }
+
     /// Whether a read of `len` bytes at `offset` into host memory at `addr` can land in place
     /// (the kernel writing that memory itself): not on an NVMe namespace, and for O_DIRECT
     /// files with offset, length and address aligned to the file's alignment.

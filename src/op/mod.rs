@@ -3,6 +3,7 @@
 //! side, [`future::OpFuture`], generic over how data crosses into or out of caller memory
 //! (`read`, `write`).
 
+pub(crate) mod blocking;
 pub(crate) mod cached;
 #[cfg(feature = "cuda")]
 pub(crate) mod combine;

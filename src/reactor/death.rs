@@ -8,6 +8,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::Reactor;
 use crate::buf::quarantine;
+use crate::buf::region::HostRegion;
 use crate::error::{Context, Error, OpKind};
 use crate::op::msg::Msg;
 
@@ -82,6 +83,13 @@ impl Reactor {
         // must not corrupt.
         if in_lanes || self.retire_main().is_err() {
             let pieces = self.ios.len() - self.fenced.len();
+            // Callers blocked until the kernel is done with memory they lent learn that it
+            // never will be, rather than waiting for good.
+            for (_, op) in self.ops.iter() {
+                if let Some(o) = &op.owned {
+                    HostRegion::kept_by_kernel(o.keep.as_ref());
+                }
+            }
             quarantine::hold(
                 format!(
                     "reactor died with {pieces} pieces in its lanes ({reason}): the lanes, \

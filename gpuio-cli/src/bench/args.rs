@@ -228,6 +228,12 @@ pub struct BenchArgs {
     /// engine and back): the kernel reads into it in place, no bounce copy, O_DIRECT too.
     #[arg(long)]
     pub(crate) owned: bool,
+    /// Host reads (or `--pattern batch` batches) through `File::read_into_blocking` /
+    /// `BatchPlan::read_into_blocking`, what the C and Python bindings' blocking calls use:
+    /// each request's buffer lent to the kernel for the call (read in place past
+    /// `--page-cache-read-max`), on a runtime thread given over to blocking.
+    #[arg(long, conflicts_with = "owned")]
+    pub(crate) blocking: bool,
     /// Every small read (host or device) through the reactor: no page-cache fast path on the polling
     /// thread (`EngineBuilder::page_cache_fast_path`).
     #[arg(long)]
@@ -351,6 +357,17 @@ impl BenchArgs {
         if self.owned && self.to != Target::Host {
             return Err(format!(
                 "--owned reads into host memory, not --to {}",
+                self.to
+            ));
+        }
+        if self.blocking && (self.rw == Rw::Write || self.to != Target::Host) {
+            return Err(format!(
+                "--blocking reads into host memory (--rw read, --to host), not {} --to {}",
+                if self.rw == Rw::Write {
+                    "writes"
+                } else {
+                    "reads"
+                },
                 self.to
             ));
         }

@@ -18,6 +18,8 @@ pub(super) enum Buffer {
     Host(Vec<u8>),
     /// `--owned`: read through `File::read_owned`.
     Aligned(gpuio::AlignedBuf),
+    /// `--blocking`: lent to `read_into_blocking` for each call.
+    Blocking(Vec<u8>),
     Gpu(gpuio::cuda::cudarc::driver::CudaSlice<u8>),
 }
 
@@ -103,6 +105,9 @@ pub(super) async fn request_loop(
             let n = match &mut buf {
                 Buffer::Host(b) => plan.read_into(b).await.total()?,
                 Buffer::Aligned(b) => plan.read_into(b).await.total()?,
+                Buffer::Blocking(b) => {
+                    tokio::task::block_in_place(|| plan.read_into_blocking(b)).total()?
+                }
                 Buffer::Gpu(b) => plan.read_into(b).await.total()?,
             };
             st.record(t0);
@@ -124,6 +129,10 @@ pub(super) async fn request_loop(
                 r?
             }
             (Rw::Write, Buffer::Aligned(b)) => file.write_from(b, off).await?,
+            (Rw::Read, Buffer::Blocking(b)) => {
+                tokio::task::block_in_place(|| file.read_into_blocking(b, off))?
+            }
+            (Rw::Write, Buffer::Blocking(b)) => file.write_from(b, off).await?,
             (Rw::Read, Buffer::Host(b)) => file.read_into(b, off).await?,
             (Rw::Write, Buffer::Host(b)) => file.write_from(b, off).await?,
             (Rw::Read, Buffer::Gpu(b)) => file.read_into(b, off).await?,

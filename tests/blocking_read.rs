@@ -1,0 +1,197 @@
+//! `File::read_into_blocking` and `BatchPlan::read_into_blocking`: the caller's memory lent
+//! to the kernel for the call, read in place where the file allows (buffered files past the
+//! in-poll size, O_DIRECT with aligned memory), through bounce slots where it does not; warm
+//! and cold; against `read_into` and `pread`; and a stopped batch lets go of the memory before
+//! it returns.
+
+mod common;
+
+use std::os::fd::AsRawFd;
+
+use common::*;
+use gpuio::batch::{BatchPlan, ReadDesc};
+use gpuio::{AlignedBuf, Engine, Error, Progress};
+
+/// Drops `path`'s pages from the page cache, so the next reads of it find it cold.
+fn evict(path: &std::path::Path) {
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; the advice changes no memory of this process.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise(DONTNEED)");
+}
+
+/// Every engine of the suite, and one that serves no read in poll past 64 KiB (so reads of a
+/// few MiB of a buffered file land in place) with a 4 MiB pool (1 MiB parts, one at a time).
+fn engines_and_in_place_ones() -> Vec<(&'static str, Engine)> {
+    let mut v = engines();
+    let small = Engine::builder()
+        .chunk_size(256 << 10)
+        .bounce_slots(16)
+        .page_cache_read_max(64 << 10)
+        .build()
+        .unwrap();
+    v.push(("io_uring, in place past 64 KiB, 4 MiB pool", small));
+    v
+}
+
+#[test]
+fn blocking_reads_give_what_pread_gives() {
+    let dir = tmpdir();
+    let flen = 20 << 20;
+    let (path, data) = test_file(dir.path(), "b.bin", flen, 41);
+    let cases: [(u64, usize); 7] = [
+        (0, flen),                           // the whole file: in place past every in-poll limit
+        (4097, (5 << 20) + 3),               // unaligned
+        (8192, 1 << 20),                     // aligned
+        (flen as u64 - 100, 4000),           // short at the end of the file
+        (flen as u64 + 10, 4096),            // past the end: nothing
+        (77, 0),                             // empty
+        ((3 << 20) + 512, (17 << 20) - 512), // to the end exactly
+    ];
+    for (name, engine) in engines_and_in_place_ones() {
+        for (direct, f) in buffered_and_direct(&engine, &path) {
+            for cold in [false, true] {
+                for &(offset, len) in &cases {
+                    let what = format!("{name}, direct {direct}, cold {cold}, {offset}+{len}");
+                    let want = pread_ref(&path, offset, len);
+                    if cold {
+                        evict(&path);
+                    }
+                    // Canaries around the destination: nothing lands outside it.
+                    let mut c = Canaried::new(len, 4096);
+                    let n = f.read_into_blocking(c.inner(), offset).unwrap_or_else(|e| {
+                        panic!("{what}: {e}");
+                    });
+                    assert_eq!(n, want.len(), "{what}: bytes read");
+                    assert!(c.inner()[..n] == want[..], "{what}: the bytes");
+                    c.check_guards();
+                    // Aligned memory: an O_DIRECT read lands in place too.
+                    let mut a = AlignedBuf::zeroed(len);
+                    if direct && offset % 4096 == 0 && len % 4096 == 0 {
+                        let n = f.read_into_blocking(&mut a, offset).unwrap();
+                        assert_eq!(n, want.len(), "{what}: aligned, bytes read");
+                        assert!(a[..n] == want[..], "{what}: aligned, the bytes");
+                    }
+                }
+            }
+        }
+        // The data is the file's, once more after all the reads above.
+        let f = engine.open(&path).unwrap();
+        let mut all = vec![0u8; flen];
+        assert_eq!(f.read_into_blocking(&mut all, 0).unwrap(), flen, "{name}");
+        assert!(all == data, "{name}: the whole file");
+    }
+}
+
+#[test]
+fn blocking_reads_refuse_bad_input_and_touch_nothing() {
+    let dir = tmpdir();
+    let (path, _) = test_file(dir.path(), "bad.bin", 1 << 20, 5);
+    let engine = Engine::builder().build().unwrap();
+    let f = engine.open(&path).unwrap();
+    let mut buf = vec![0x3Cu8; 8 << 20];
+    let e = f.read_into_blocking(&mut buf, u64::MAX - 10).unwrap_err();
+    assert!(matches!(e, Error::InvalidInput { .. }), "{e}");
+    assert!(buf.iter().all(|&b| b == 0x3C), "nothing written");
+    let w = gpuio::OpenOptions::new()
+        .write(true)
+        .open(&engine, &path)
+        .unwrap();
+    let e = w.read_into_blocking(&mut buf, 0).unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidInput { .. } | Error::Io { .. }),
+        "a file not opened for reading: {e}"
+    );
+    assert!(buf.iter().all(|&b| b == 0x3C), "nothing written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_batches_give_what_async_batches_give() {
+    let dir = tmpdir();
+    let (path, data) = test_file(dir.path(), "bb.bin", 9 << 20, 43);
+    for (name, engine) in engines_and_in_place_ones() {
+        for (direct, f) in buffered_and_direct(&engine, &path) {
+            for cold in [false, true] {
+                let descs = vec![
+                    ReadDesc::new(&f, 4097, 5 << 20, 0),       // 0 large, unaligned
+                    ReadDesc::new(&f, 6 << 20, 3000, 5 << 20), // 1 small
+                    ReadDesc::new(&f, 8 << 20, 8192, (5 << 20) + 4096), // 2 aligned
+                    ReadDesc::new(&f, (9 << 20) - 100, 4000, 6 << 20), // 3 short at EOF
+                    ReadDesc::new(&f, 5, 0, 100),              // 4 empty
+                    ReadDesc::new(&f, 0, 4096, 7 << 20),       // 5 past the buffer's end
+                    ReadDesc::new(&f, 2 << 20, (1 << 20) + 5, 3 << 20), // 6 overlaps 0's dst
+                ];
+                let what = format!("{name}, direct {direct}, cold {cold}");
+                let plan = BatchPlan::new(descs.clone());
+                let len = (6 << 20) + 8192;
+                if cold {
+                    evict(&path);
+                }
+                let mut got_buf = Canaried::new(len, 4096);
+                let got = tokio::task::block_in_place(|| plan.read_into_blocking(got_buf.inner()));
+                got_buf.check_guards();
+                let mut want_buf = vec![0xC5u8; len];
+                let want = within(plan.read_into(&mut want_buf[..])).await;
+                let (got, want) = (got.into_results(), want.into_results());
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    match (a, b) {
+                        (Ok(x), Ok(y)) => assert_eq!(x, y, "{what}: descriptor {i}"),
+                        (Err(Error::InvalidInput { .. }), Err(Error::InvalidInput { .. })) => {}
+                        _ => panic!("{what}: descriptor {i}: {a:?} against {b:?}"),
+                    }
+                }
+                assert_eq!(got[3].as_ref().ok(), Some(&100), "{what}: short at EOF");
+                assert!(
+                    got_buf.inner()[..5 << 20] == data[4097..4097 + (5 << 20)],
+                    "{what}: the large run's bytes"
+                );
+                assert!(
+                    got_buf.inner() == &want_buf[..],
+                    "{what}: the same bytes as read_into"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_stopped_blocking_batch_lets_go_before_it_returns() {
+    let dir = tmpdir();
+    let flen = 64 << 20;
+    let (path, data) = test_file(dir.path(), "s.bin", flen, 47);
+    for (name, engine) in engines_and_in_place_ones() {
+        let f = engine.open(&path).unwrap();
+        let plan = BatchPlan::new(vec![ReadDesc::new(&f, 0, flen, 0)]);
+        evict(&path);
+        let mut buf = vec![0u8; flen];
+        let progress = Progress::new();
+        let mut asked = 0;
+        let out = plan.read_into_blocking_with_progress(&mut buf, &progress, &mut || {
+            asked += 1;
+            false
+        });
+        // The first ask comes once the reads are under way, and a cold 64 MiB read is not
+        // done by then.
+        assert_eq!(asked, 1, "{name}: asked once, then stopped");
+        assert!(out.is_none(), "{name}: a stopped batch gives no result");
+        assert_eq!(
+            progress.total(),
+            flen as u64,
+            "{name}: the total was known at once"
+        );
+        // Nothing writes the buffer once the call has returned: it stays as it was left.
+        let left = buf.clone();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(buf == left, "{name}: written after the call returned");
+        // What landed is the file's, and the engine reads on.
+        let landed = buf
+            .iter()
+            .zip(&data)
+            .filter(|(a, b)| a != b && **a != 0)
+            .count();
+        assert_eq!(landed, 0, "{name}: only the file's bytes landed");
+        let mut again = vec![0u8; flen];
+        assert_eq!(f.read_into_blocking(&mut again, 0).unwrap(), flen, "{name}");
+        assert!(again == data, "{name}: read again after the stop");
+    }
+}
