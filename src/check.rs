@@ -107,13 +107,9 @@ pub fn report(path: &Path) -> Result<Report> {
         Err(e) => lines.push(format!("engine with default backend: FAILED: {e}")),
     }
     lines.push("engine defaults, sized from this machine (EngineBuilder overrides each):".into());
-    lines.extend(
-        Engine::builder()
-            .sizing()
-            .reasons
-            .iter()
-            .map(|l| format!("  {l}")),
-    );
+    let sizing = Engine::builder().sizing();
+    lines.extend(sizing.reasons.iter().map(|l| format!("  {l}")));
+    lines.push(format!("  {}", sizing.lends_buffered_reads().1));
     lines.push(format!(
         "  residency-aware reads: on (EngineBuilder::residency_aware); reads of {} KiB or more \
          of buffered files ask {} what the page cache holds, and read the ranges it lacks \

@@ -20,18 +20,35 @@ fn evict(path: &std::path::Path) {
     assert_eq!(rc, 0, "posix_fadvise(DONTNEED)");
 }
 
-/// Every engine of the suite, and one that serves no read in poll past 64 KiB (so reads of a
-/// few MiB of a buffered file land in place) with a 4 MiB pool (1 MiB parts, one at a time).
+/// Every engine of the suite (whose buffered reads land in place on hosts with at least
+/// `LEND_MIN_COPIES` page-cache copies, and through bounce slots on smaller ones, such as CI's),
+/// and one that lends whatever the host: three copies, no read served in poll past 64 KiB (so
+/// reads of a few MiB of a buffered file land in place), a 4 MiB pool (1 MiB parts).
 fn engines_and_in_place_ones() -> Vec<(&'static str, Engine)> {
     let mut v = engines();
-    let small = Engine::builder()
+    let lending = Engine::builder()
         .chunk_size(256 << 10)
         .bounce_slots(16)
         .page_cache_read_max(64 << 10)
+        .page_cache_copies(gpuio::plan::sizing::LEND_MIN_COPIES)
         .build()
         .unwrap();
-    v.push(("io_uring, in place past 64 KiB, 4 MiB pool", small));
+    v.push(("io_uring, in place past 64 KiB, 4 MiB pool", lending));
     v
+}
+
+#[test]
+fn buffered_reads_land_in_place_from_three_page_cache_copies() {
+    let lends = |n| {
+        Engine::builder()
+            .page_cache_copies(n)
+            .sizing()
+            .lends_buffered_reads()
+    };
+    let (two, why) = lends(2);
+    assert!(!two && why.contains("bounce slots"), "{why}");
+    let (three, why) = lends(3);
+    assert!(three && why.contains("land in place"), "{why}");
 }
 
 #[test]

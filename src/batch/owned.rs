@@ -71,10 +71,10 @@ impl BatchPlan {
     /// async task and what happens if the engine's reactor dies meanwhile.
     pub fn read_into_blocking(&self, dst: &mut [u8]) -> BatchResult {
         let (results, fit) = self.runnable(dst.len(), None);
-        let runs = &fit;
+        let (runs, lend) = (&fit, lends_buffered(&fit));
         let outcomes = crate::op::blocking::lend(
             dst,
-            |region| async move { read_region(runs, &region, None).await },
+            |region| async move { read_region(runs, &region, None, lend).await },
             crate::op::blocking::block_on,
         );
         self.gather(&fit, outcomes, results)
@@ -92,10 +92,10 @@ impl BatchPlan {
         keep_going: &mut dyn FnMut() -> bool,
     ) -> Option<BatchResult> {
         let (results, fit) = self.runnable(dst.len(), Some(progress));
-        let runs = &fit;
+        let (runs, lend) = (&fit, lends_buffered(&fit));
         let outcomes = crate::op::blocking::lend(
             dst,
-            |region| async move { read_region(runs, &region, Some(progress)).await },
+            |region| async move { read_region(runs, &region, Some(progress), lend).await },
             |reads| crate::op::blocking::run_asking(reads, keep_going),
         )?;
         Some(self.gather(&fit, outcomes, results))
@@ -108,13 +108,20 @@ impl BatchPlan {
     ) -> (BatchResult, Vec<u8>) {
         let (results, fit) = self.runnable(buf.len(), progress);
         let region = HostRegion::new(buf);
-        let outcomes = read_region(&fit, &region, progress).await;
+        let outcomes = read_region(&fit, &region, progress, true).await;
         let result = self.gather(&fit, outcomes, results);
         // Every read has ended and dropped its hold on the region, but for one the kernel may
         // still write (its engine died with it in flight), which keeps the region for good.
         let buf = HostRegion::into_vec(region).unwrap_or_default();
         (result, buf)
     }
+}
+
+/// Whether the engine of `runs` lends borrowed memory to reads of buffered files
+/// (`Sizing::lends_buffered_reads`); a batch's files share one engine.
+fn lends_buffered(runs: &[RunOf<'_>]) -> bool {
+    runs.first()
+        .is_none_or(|r| r.file.engine().shared().policy.lend_buffered)
 }
 
 /// One read of a run (in place, a part of it) into the region.
@@ -129,7 +136,8 @@ struct Job {
 /// Reads every run into its range of `region`, at most a window's bytes at once: in place
 /// where the file allows, in parts of a quarter of the engine's window (so a large run reports
 /// progress as parts land and spreads over an engine's reactors); otherwise whole, through
-/// bounce slots. Each run's outcome, in order.
+/// bounce slots, and so are buffered runs unless `buffered_in_place`. Each run's outcome, in
+/// order.
 ///
 /// Cold data is read in place too, through the page cache, rather than O_DIRECT through
 /// bounce slots as `read_into` does: on the 16-core H200 host a cold 4 GiB checkpoint loaded at
@@ -139,6 +147,7 @@ async fn read_region(
     runs: &[RunOf<'_>],
     region: &Arc<HostRegion>,
     progress: Option<&Arc<Progress>>,
+    buffered_in_place: bool,
 ) -> Vec<Result<usize>> {
     let window = runs.first().map_or(0, |r| r.file.engine().op_window());
     // A multiple of 1 MiB keeps the parts of an aligned O_DIRECT run aligned.
@@ -146,7 +155,9 @@ async fn read_region(
     let mut jobs = Vec::new();
     for (i, r) in runs.iter().enumerate() {
         let (offset, at, len) = (r.run.offset, r.dst_offset(), r.len());
-        if !r.file.lands_in_place(offset, len, region.addr(at)) {
+        let in_place = (buffered_in_place || r.file.is_direct())
+            && r.file.lands_in_place(offset, len, region.addr(at));
+        if !in_place {
             jobs.push(Job {
                 run: i,
                 offset,

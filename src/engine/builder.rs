@@ -442,6 +442,7 @@ impl EngineBuilder {
             cached_fast_path: self.cached_fast_path,
             host_cached_max: self.host_cached_max.max(crate::op::cached::CACHED_READ_MAX),
             mapped_reads: self.mapped_reads && cfg!(feature = "cuda"),
+            lend_buffered: sizing.lends_buffered_reads().0,
         };
         // Each reactor gets an equal share of the pool, of its growth and of the pread
         // threads. The page-cache copies are the engine's: a reactor may always run its share

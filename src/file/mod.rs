@@ -337,7 +337,10 @@ impl File {
     /// no read holds it, so no bounce slot and no copy on this thread are needed, and large
     /// reads are copied out of the page cache by several of io_uring's workers at once. Reads
     /// of a buffered file up to the engine's `page_cache_read_max` take
-    /// [`read_into`](Self::read_into)'s path (a cached range is copied in this thread at once).
+    /// [`read_into`](Self::read_into)'s path (a cached range is copied in this thread at once),
+    /// and so do all reads of buffered files on engines with fewer than
+    /// [`LEND_MIN_COPIES`](crate::plan::sizing::LEND_MIN_COPIES) page-cache copies, where the
+    /// calling thread's copy out of bounce slots is worth more than the copy it saves.
     ///
     /// For synchronous callers (a C or Python binding, a thread of its own). Do not call it
     /// from an async task: it blocks the runtime's thread until the read is done. If the
@@ -345,10 +348,10 @@ impl File {
     /// write `dst` at any time then, and nothing says when it stops).
     pub fn read_into_blocking(&self, dst: &mut [u8], offset: u64) -> Result<usize> {
         let len = dst.len();
-        let t = &self.inner;
-        let small_buffered =
-            t.dio.is_none() && len <= self.engine.shared().policy.cached_read_max(true);
-        if small_buffered || !self.lands_in_place(offset, len, dst.as_ptr() as usize) {
+        let policy = &self.engine.shared().policy;
+        let buffered_by_bounce = self.inner.dio.is_none()
+            && (len <= policy.cached_read_max(true) || !policy.lend_buffered);
+        if buffered_by_bounce || !self.lands_in_place(offset, len, dst.as_ptr() as usize) {
             return crate::op::blocking::block_on(self.read_into(dst, offset));
         }
         let read = |region: Arc<crate::buf::region::HostRegion>| async move {

@@ -24,6 +24,9 @@ pub(crate) struct OpPolicy {
     /// (`op::cached`), in pieces of at most [`HOST_POLL_PIECE`](super::cached::HOST_POLL_PIECE)
     /// per poll.
     pub(crate) host_cached_max: usize,
+    /// Blocking reads of buffered files land in place in the caller's memory
+    /// (`Sizing::lends_buffered_reads`); off, they take `read_into`'s path.
+    pub(crate) lend_buffered: bool,
 }
 
 impl OpPolicy {
@@ -45,6 +48,7 @@ impl Default for OpPolicy {
             cached_fast_path: true,
             mapped_reads: false,
             host_cached_max: super::cached::HOST_CACHED_READ_MAX,
+            lend_buffered: true,
         }
     }
 }

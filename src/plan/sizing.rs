@@ -61,6 +61,13 @@ pub const DIRECT_DEPTH_PER_OP: usize = 16;
 /// all) ran at 1.05–1.10x the 12 per GPU (24) on the 2x H100 host (BENCHMARKS, fifteenth
 /// session).
 pub const COPIES_PER_DEVICE: usize = 14;
+/// Fewest page-cache copies at which a blocking read of a buffered file lands in the caller's
+/// memory (`File::read_into_blocking`). In place, only io_uring's workers copy, each byte once;
+/// through bounce slots they copy into slots and the calling thread copies out, so the
+/// calling thread is one copier more. Measured, warm 64 MiB reads at QD1: on the 2-core VM
+/// with 2 copies in place gave 0.84x the bounce path, with 3 1.15x; on the 16-core H200 host
+/// (12 copies) 256 MiB reads 5.7-6.9x (BENCHMARKS.md, "Twenty-second session").
+pub const LEND_MIN_COPIES: usize = 3;
 /// Bounce memory at most this large by default (pinned memory is the machine's to share).
 pub const MAX_BOUNCE_BYTES: usize = 1 << 30;
 
@@ -94,6 +101,25 @@ pub struct Sizing {
 }
 
 impl Sizing {
+    /// Whether blocking reads of buffered files land in place in the caller's memory (at
+    /// least [`LEND_MIN_COPIES`] page-cache copies), and why, for `gpuio check`.
+    pub fn lends_buffered_reads(&self) -> (bool, String) {
+        let yes = self.page_cache_copies >= LEND_MIN_COPIES;
+        let why = format!(
+            "blocking reads of buffered files {} the caller's memory: {} page-cache copies {} \
+             than the bounce path's copiers and the calling thread (at least {LEND_MIN_COPIES} \
+             to pay); aligned O_DIRECT reads always land in place",
+            if yes {
+                "land in place in"
+            } else {
+                "copy through bounce slots into"
+            },
+            self.page_cache_copies,
+            if yes { "copy faster" } else { "copy slower" },
+        );
+        (yes, why)
+    }
+
     /// The defaults for `m`.
     pub fn for_machine(m: Machine) -> Sizing {
         let cores = m.cores.max(1);
