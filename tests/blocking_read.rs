@@ -212,3 +212,49 @@ fn a_stopped_blocking_batch_lets_go_before_it_returns() {
         assert!(again == data, "{name}: read again after the stop");
     }
 }
+
+/// A reactor that dies (an injected panic) with a blocking read of lent memory in the kernel:
+/// the kernel may write that memory at any time and nothing would say when it stops, so the
+/// process aborts with a message rather than return. Runs in a child process of this test
+/// binary.
+#[test]
+fn a_reactor_death_with_a_lent_read_in_the_kernel_aborts() {
+    const CHILD: &str = "GPUIO_TEST_LENT_READ_DEATH";
+    const NAME: &str = "a_reactor_death_with_a_lent_read_in_the_kernel_aborts";
+    if std::env::var_os(CHILD).is_some() {
+        let dir = tmpdir();
+        let (path, _) = test_file(dir.path(), "d.bin", 8 << 20, 3);
+        let engine = Engine::builder()
+            .page_cache_read_max(64 << 10)
+            .page_cache_copies(gpuio::plan::sizing::LEND_MIN_COPIES)
+            .build()
+            .unwrap();
+        let f = engine.open(&path).unwrap();
+        // Armed before the read is sent: its first completion panics the reactor, with that
+        // piece (and any others) still the kernel's as far as the reactor knows.
+        engine.inject_reactor_panic();
+        let mut buf = vec![0u8; 8 << 20];
+        let r = f.read_into_blocking(&mut buf, 0);
+        println!("RETURNED: {r:?}");
+        std::process::exit(3);
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGABRT),
+        "the child should abort ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("so the process aborts rather than return it"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("RETURNED"), "{stdout}");
+}

@@ -73,7 +73,8 @@ impl Released {
     }
 }
 
-// SAFETY: a region owns its allocation as the `Vec` it came from did. Nothing reads through a
+// SAFETY: a region owns its allocation as the `Vec` it came from did, or holds memory its
+// caller lent it and does not touch until the region is gone (`borrowed`). Nothing reads through a
 // shared reference to it; writes come from the kernel and from `range_mut`'s callers, each into
 // a range no other writer has (its callers' contract), so sharing it between threads adds no
 // data race.
@@ -155,9 +156,9 @@ impl HostRegion {
     #[allow(clippy::mut_from_ref)] // Disjoint ranges are the callers' contract, as above.
     pub(crate) unsafe fn range_mut(&self, at: usize, len: usize) -> &mut [u8] {
         debug_assert!(at.checked_add(len).is_some_and(|end| end <= self.len));
-        // SAFETY: the allocation holds `len` initialized bytes from `at` (it came from a
-        // `Vec<u8>` of the region's length), and the caller guarantees nothing else reads or
-        // writes them while the slice lives.
+        // SAFETY: the memory holds `len` initialized bytes from `at` (it came from a `Vec<u8>`
+        // or a `&mut [u8]` of the region's length, which stays lent while the region lives),
+        // and the caller guarantees nothing else reads or writes them while the slice lives.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), len) }
     }
 

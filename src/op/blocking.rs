@@ -26,7 +26,9 @@ pub(crate) const ASK_EVERY: Duration = Duration::from_millis(100);
 /// Lends `dst` to the reads `read` starts with the region over it (each read holding a clone
 /// for as long as the kernel may write its range), has `drive` run them on this thread ([`block_on`] or
 /// [`run_asking`]), and returns what it gave once no read holds `dst`: after they end, or after
-/// `drive` dropped them (cancelled as any gpuio future is).
+/// `drive` dropped them (cancelled as any gpuio future is). Once `drive` has stopped the
+/// reads, the wait for the pieces already in the kernel asks no one (a cold read on slow
+/// storage may take a while to let go).
 ///
 /// If a reactor dies with one of these reads in the kernel, the kernel may write `dst` at any
 /// time from then on and nothing will say when it has stopped: returning would hand the
@@ -38,9 +40,11 @@ pub(crate) fn lend<F: Future, R>(
     drive: impl FnOnce(F) -> R,
 ) -> R {
     // SAFETY: `dst` is neither read, written nor freed by this function after this point, and
-    // its borrow lasts until this function returns; `_returned` is declared first, so it drops
-    // last, after the reads and the region (unwinding included), and its drop returns only once
-    // `released` reads `Released` (it aborts on `KeptByKernel`).
+    // its borrow lasts until this function returns. `region` moves into `read` and the reads
+    // into `drive`, which drops them before it returns or while it unwinds, so this frame holds
+    // no clone; `_returned` drops after that (unwinding included) and returns only once
+    // `released` reads `Released` (it aborts on `KeptByKernel`). `R` holds no clone: it is
+    // what `drive` made of the reads' outputs, and no read outputs its region.
     let (region, released) = unsafe { HostRegion::borrowed(dst) };
     let _returned = WaitForRelease(released);
     drive(read(region))

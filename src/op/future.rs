@@ -299,7 +299,8 @@ impl<T: Transfer> Drop for OpFuture<T> {
     fn drop(&mut self) {
         if let OpState::Running(shared) = &self.state {
             // Dropped mid-flight: the reactor stops starting pieces and reclaims slots. In-flight
-            // I/O only ever targets bounce slots, so nothing waits for it here.
+            // I/O only ever targets bounce slots or memory the op owns (an owned or lent buffer
+            // the reactor lets go of after the last piece), so nothing waits for it here.
             self.engine.reactor.send(Msg::Cancel(shared.clone()));
         }
     }

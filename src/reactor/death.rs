@@ -36,7 +36,18 @@ impl Reactor {
                     w.complete(Ok(0));
                 }
             }
-            Some(reason) => self.die(reason),
+            Some(reason) => {
+                // A panic here would drop the reactor, and with it what the kernel may still
+                // write (owned and lent buffers, the lanes), as if it were free: end the
+                // process instead.
+                if catch_unwind(AssertUnwindSafe(|| self.die(reason))).is_err() {
+                    eprintln!(
+                        "gpuio: a dying reactor panicked while it put away what the kernel may \
+                         still write; aborting rather than free it"
+                    );
+                    std::process::abort();
+                }
+            }
         }
         // Copies this reactor still counted leave the engine's count, so the reactors that
         // live on may use the whole cap (a drained reactor counts none).
@@ -59,10 +70,18 @@ impl Reactor {
     /// Fails everything pending with `reason` and quarantines what may still be written.
     pub(super) fn die(&mut self, reason: String) {
         tracing::error!(%reason, "gpuio reactor died");
-        let in_lanes = self.ios.len() > self.fenced.len();
-        for (_, op) in self.ops.iter_mut() {
-            if !in_lanes {
-                // Nothing can land in an owned buffer any more: it goes back with the error.
+        // Ops with a piece in a lane (not held back by the fence): the kernel, a device or a
+        // side lane may still write their memory.
+        let in_kernel: std::collections::HashSet<usize> = self
+            .ios
+            .iter()
+            .filter(|(token, _)| !self.fenced.contains(token))
+            .map(|(_, io)| io.op)
+            .collect();
+        for (key, op) in self.ops.iter_mut() {
+            if !in_kernel.contains(&key) {
+                // Nothing can land in this op's owned buffer any more: it goes back with the
+                // error (a blocking read's lent memory is released).
                 if let Some(o) = op.owned.take() {
                     op.shared.give_back(o.keep);
                 }
@@ -81,23 +100,30 @@ impl Reactor {
         // The kernel may still write into bounce slots, owned buffers and the doorbell buffer:
         // unless all of it is accounted for, none of it may be freed. A dead engine leaks; it
         // must not corrupt.
-        if in_lanes || self.retire_main().is_err() {
+        if !in_kernel.is_empty() || self.retire_main().is_err() {
             let pieces = self.ios.len() - self.fenced.len();
-            // Callers blocked until the kernel is done with memory they lent learn that it
-            // never will be, rather than waiting for good.
-            for (_, op) in self.ops.iter() {
-                if let Some(o) = &op.owned {
-                    HostRegion::kept_by_kernel(o.keep.as_ref());
+            // Only the ops with pieces in a lane are kept, with their owned buffers; the others
+            // gave theirs back above and go (a kept op would keep a buffer it gave back in its
+            // `OpShared`, and with it a lent region, for good). Callers blocked until the
+            // kernel is done with memory they lent learn that it never will be, rather than
+            // waiting for good.
+            let mut kept = Vec::with_capacity(in_kernel.len());
+            for (key, op) in std::mem::take(&mut self.ops) {
+                if in_kernel.contains(&key) {
+                    if let Some(o) = &op.owned {
+                        HostRegion::kept_by_kernel(o.keep.as_ref());
+                    }
+                    kept.push(op);
                 }
             }
             quarantine::hold(
                 format!(
                     "reactor died with {pieces} pieces in its lanes ({reason}): the lanes, \
                      the bounce pool and {} ops' buffers",
-                    self.ops.len()
+                    kept.len()
                 ),
                 (
-                    std::mem::take(&mut self.ops),
+                    kept,
                     self.main.take(),
                     std::mem::take(&mut self.side),
                     self.arena.clone(),
