@@ -222,6 +222,13 @@ fn a_reactor_death_with_a_lent_read_in_the_kernel_aborts() {
     const CHILD: &str = "GPUIO_TEST_LENT_READ_DEATH";
     const NAME: &str = "a_reactor_death_with_a_lent_read_in_the_kernel_aborts";
     if std::env::var_os(CHILD).is_some() {
+        // No core file from the abort to come (the engine's pool would be in it).
+        let none = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: a valid rlimit; lowering this process's own core size changes no memory.
+        unsafe { libc::setrlimit(libc::RLIMIT_CORE, &none) };
         let dir = tmpdir();
         let (path, _) = test_file(dir.path(), "d.bin", 8 << 20, 3);
         let engine = Engine::builder()
