@@ -233,6 +233,14 @@ fn other_bad_values_are_refused_up_front() {
         ),
         (&["bench", "--jobs", "0"], &["--jobs"]),
         (
+            &["bench", "--blocking", "--rw", "write"],
+            &["--blocking", "host memory"],
+        ),
+        (
+            &["bench", "--blocking", "--owned"],
+            &["--owned", "--blocking"],
+        ),
+        (
             &["bench", "--copies-per-device", "0"],
             &["--copies-per-device", "1..="],
         ),
