@@ -26,9 +26,9 @@ pub(crate) const ASK_EVERY: Duration = Duration::from_millis(100);
 /// Lends `dst` to the reads `read` starts with the region over it (each read holding a clone
 /// for as long as the kernel may write its range), has `drive` run them on this thread
 /// ([`block_on`] or [`run_asking`]), and returns what it gave once no read holds `dst`: after
-/// they end, or after `drive` dropped them (cancelled as any gpuio future is). Once `drive` has stopped the
-/// reads, the wait for the pieces already in the kernel asks no one (a cold read on slow
-/// storage may take a while to let go).
+/// they end, or after `drive` dropped them (cancelled as any gpuio future is). Once `drive`
+/// has stopped the reads, the wait for the pieces already in the kernel asks no one (a cold
+/// read on slow storage may take a while to let go).
 ///
 /// If a reactor dies with one of these reads in the kernel, the kernel may write `dst` at any
 /// time from then on and nothing will say when it has stopped: returning would hand the
