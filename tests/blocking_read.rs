@@ -6,19 +6,9 @@
 
 mod common;
 
-use std::os::fd::AsRawFd;
-
 use common::*;
 use gpuio::batch::{BatchPlan, ReadDesc};
 use gpuio::{AlignedBuf, Engine, Error, Progress};
-
-/// Drops `path`'s pages from the page cache, so the next reads of it find it cold.
-fn evict(path: &std::path::Path) {
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: a valid descriptor; the advice changes no memory of this process.
-    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    assert_eq!(rc, 0, "posix_fadvise(DONTNEED)");
-}
 
 /// Every engine of the suite (whose buffered reads land in place on hosts with at least
 /// `LEND_MIN_COPIES` page-cache copies, and through bounce slots on smaller ones, such as CI's),
@@ -129,18 +119,9 @@ async fn blocking_batches_give_what_async_batches_give() {
     for (name, engine) in engines_and_in_place_ones() {
         for (direct, f) in buffered_and_direct(&engine, &path) {
             for cold in [false, true] {
-                let descs = vec![
-                    ReadDesc::new(&f, 4097, 5 << 20, 0),       // 0 large, unaligned
-                    ReadDesc::new(&f, 6 << 20, 3000, 5 << 20), // 1 small
-                    ReadDesc::new(&f, 8 << 20, 8192, (5 << 20) + 4096), // 2 aligned
-                    ReadDesc::new(&f, (9 << 20) - 100, 4000, 6 << 20), // 3 short at EOF
-                    ReadDesc::new(&f, 5, 0, 100),              // 4 empty
-                    ReadDesc::new(&f, 0, 4096, 7 << 20),       // 5 past the buffer's end
-                    ReadDesc::new(&f, 2 << 20, (1 << 20) + 5, 3 << 20), // 6 overlaps 0's dst
-                ];
                 let what = format!("{name}, direct {direct}, cold {cold}");
-                let plan = BatchPlan::new(descs.clone());
-                let len = (6 << 20) + 8192;
+                let plan = BatchPlan::new(mixed_batch(&f));
+                let len = MIXED_BATCH_DST;
                 if cold {
                     evict(&path);
                 }
@@ -149,23 +130,8 @@ async fn blocking_batches_give_what_async_batches_give() {
                 got_buf.check_guards();
                 let mut want_buf = vec![0xC5u8; len];
                 let want = within(plan.read_into(&mut want_buf[..])).await;
-                let (got, want) = (got.into_results(), want.into_results());
-                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-                    match (a, b) {
-                        (Ok(x), Ok(y)) => assert_eq!(x, y, "{what}: descriptor {i}"),
-                        (Err(Error::InvalidInput { .. }), Err(Error::InvalidInput { .. })) => {}
-                        _ => panic!("{what}: descriptor {i}: {a:?} against {b:?}"),
-                    }
-                }
-                assert_eq!(got[3].as_ref().ok(), Some(&100), "{what}: short at EOF");
-                assert!(
-                    got_buf.inner()[..5 << 20] == data[4097..4097 + (5 << 20)],
-                    "{what}: the large run's bytes"
-                );
-                assert!(
-                    got_buf.inner() == &want_buf[..],
-                    "{what}: the same bytes as read_into"
-                );
+                let (got, want) = (got.results(), want.results());
+                check_mixed_batch(&what, got, got_buf.inner(), want, &want_buf, &data);
             }
         }
     }

@@ -364,3 +364,57 @@ impl Spinner {
         unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.unwrap();
     }
 }
+
+/// Drops `path`'s pages from the page cache, so the next reads of it find it cold.
+pub fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    // SAFETY: a valid descriptor; the advice changes no memory of this process.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise(DONTNEED)");
+}
+
+/// Bytes the destination of [`mixed_batch`] has.
+pub const MIXED_BATCH_DST: usize = (6 << 20) + 8192;
+
+/// A batch over a file of 9 MiB (of `test_file`'s pattern) into [`MIXED_BATCH_DST`] bytes:
+/// one of each kind of descriptor, numbered as [`check_mixed_batch`] expects.
+pub fn mixed_batch(f: &gpuio::File) -> Vec<gpuio::batch::ReadDesc> {
+    use gpuio::batch::ReadDesc;
+    vec![
+        ReadDesc::new(f, 4097, 5 << 20, 0),       // 0 large, unaligned
+        ReadDesc::new(f, 6 << 20, 3000, 5 << 20), // 1 small
+        ReadDesc::new(f, 8 << 20, 8192, (5 << 20) + 4096), // 2 aligned
+        ReadDesc::new(f, (9 << 20) - 100, 4000, 6 << 20), // 3 short at EOF
+        ReadDesc::new(f, 5, 0, 100),              // 4 empty
+        ReadDesc::new(f, 0, 4096, 7 << 20),       // 5 past the buffer's end
+        ReadDesc::new(f, 2 << 20, (1 << 20) + 5, 3 << 20), // 6 overlaps 0's dst
+    ]
+}
+
+/// Checks a run of [`mixed_batch`] (`got`, into `got_buf`) against `read_into`'s on the same
+/// plan (`want`, `want_buf`), and the large run's bytes against the file's `data`.
+pub fn check_mixed_batch(
+    what: &str,
+    got: &[gpuio::Result<usize>],
+    got_buf: &[u8],
+    want: &[gpuio::Result<usize>],
+    want_buf: &[u8],
+    data: &[u8],
+) {
+    use gpuio::Error;
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        match (a, b) {
+            (Ok(x), Ok(y)) => assert_eq!(x, y, "{what}: descriptor {i}"),
+            (Err(Error::InvalidInput { .. }), Err(Error::InvalidInput { .. })) => {}
+            _ => panic!("{what}: descriptor {i}: {a:?} against {b:?}"),
+        }
+    }
+    assert!(matches!(got[5], Err(Error::InvalidInput { .. })), "{what}");
+    assert_eq!(got[3].as_ref().ok(), Some(&100), "{what}: short at EOF");
+    assert!(
+        got_buf[..5 << 20] == data[4097..4097 + (5 << 20)],
+        "{what}: the large run's bytes"
+    );
+    assert!(got_buf == want_buf, "{what}: the same bytes as read_into");
+}
